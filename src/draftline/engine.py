@@ -1,0 +1,36 @@
+"""Where the target runs: CUDA when there is a GPU, vLLM's CPU build otherwise.
+
+One place decides dtype and the vLLM CPU settings so regeneration, hidden-state extraction
+and evaluation load the target the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def default_dtype(requested: str = "auto") -> str:
+    """float32 on CPU (AVX2-only CPUs run bf16 ~5x slower), bfloat16 on CUDA."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if has_cuda() else "float32"
+
+
+def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None) -> None:
+    """Set vLLM CPU environment before `import vllm` creates an engine.
+
+    vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and by default reserves a
+    core and computes on the rest; `threads` binds its OpenMP threads to that many cores.
+    Values already set in the environment win.
+    """
+    if has_cuda():
+        return
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib or 2))
+    if threads:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")

@@ -1,0 +1,1 @@
+"""Helpers for tests: tiny local models and data, no downloads."""
