@@ -1,0 +1,16 @@
+# Which target layers feed the draft: resolved once, read by extraction, config and training.
+
+
+rule layer_ids:
+    input:
+        target=target_input(),
+        code=code("layers"),
+    output:
+        "results/target/layer_ids.json",
+    log:
+        "logs/layer_ids.log",
+    params:
+        layer_ids=config["hidden_states"]["layer_ids"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/layer_ids.py"

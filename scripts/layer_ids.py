@@ -1,0 +1,18 @@
+"""Resolve the configured hidden-state layer ids against the target's depth."""
+
+import json
+import logging
+
+from draftline.atomic import atomic_file
+from draftline.layers import resolve_layer_ids
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    ids = resolve_layer_ids(
+        snakemake.params.layer_ids, snakemake.input.target, snakemake.params.trust_remote_code
+    )
+    record = {"aux": ids.aux, "extracted": ids.extracted, "num_hidden_layers": ids.num_hidden_layers}
+    logging.info("layer ids: %s", record)
+    with atomic_file(snakemake.output[0]) as out:
+        json.dump(record, out, indent=1)
+        out.write("\n")

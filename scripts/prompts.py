@@ -1,0 +1,20 @@
+"""Read, validate, de-duplicate and split the prompt sources (see draftline.prompts)."""
+
+import logging
+
+from draftline.prompts import build_prompts
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    build_prompts(
+        snakemake.params.sources,
+        prompts_path=snakemake.output.prompts,
+        heldout_path=snakemake.output.heldout,
+        rejects_path=snakemake.output.rejects,
+        summary_path=snakemake.output.summary,
+        on_bad_row=snakemake.params.on_bad_row,
+        heldout=snakemake.params.heldout,
+        max_samples=snakemake.params.max_samples,
+        seed=snakemake.params.seed,
+        regenerate_enabled=snakemake.params.regenerate_enabled,
+    )

@@ -1,0 +1,21 @@
+"""Build the target model folder: the embedded SmolLM2, a hub download, or a chat-template view."""
+
+import logging
+from pathlib import Path
+
+from draftline.target_model import build_target, resolve_target
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    # An empty named input is an empty list; a set one is a single path.
+    chat_template = snakemake.input.get("chat_template") or None
+    if isinstance(chat_template, list):
+        chat_template = chat_template[0]
+    # Jobs run in the Snakemake working directory: config paths are relative to it.
+    spec = resolve_target(
+        snakemake.params.model,
+        name=snakemake.params.name,
+        chat_template=chat_template,
+        repo_root=Path.cwd(),
+    )
+    build_target(spec, snakemake.output[0], trust_remote_code=snakemake.params.trust_remote_code)

@@ -1,0 +1,295 @@
+"""Render conversations with the target's chat template and mask the loss to assistant tokens.
+
+Most chat templates (SmolLM2's ChatML among them) have no `{% generation %}` tags, so
+`return_assistant_tokens_mask` cannot be used. The mask comes from prefix renders instead:
+for assistant turn i, the tokens that `messages[:i+1]` adds to `messages[:i]` rendered with the
+generation prompt are that turn's. Trained: the answer's content and the end-of-turn token the
+target emits to stop (the draft must learn to stop); not trained: system/user/template tokens,
+template text after the end-of-turn token, and for an answer cut at max_new_tokens
+(`"truncated": true`) the end-of-turn token the template appends (the target never emitted it).
+Templates with generation tags get the same mask, cross-checked against the template's own.
+
+The rows then go through speculators' own preprocessing (pretokenized pass-through) to the
+arrow dataset and token_freq.pt that its trainer and vocab code read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class TemplateError(ValueError):
+    """The chat template does not render in a way an assistant-only mask can be derived from."""
+
+
+@dataclass
+class Tokenized:
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def stop_token_ids(target_dir: str | Path, tokenizer) -> set[int]:
+    """Tokens the target ends an answer with: generation_config's eos ids and the tokenizer's eos."""
+    ids = set()
+    path = Path(target_dir) / "generation_config.json"
+    if path.exists():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def has_generation_tags(template: str | None) -> bool:
+    return template is not None and "{% generation %}" in template.replace("{%-", "{%").replace("-%}", "%}")
+
+
+def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    # The template writes special tokens (BOS etc.) itself; adding them again would double them.
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def _render(tokenizer, messages: list[dict], chat_template: str | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in messages],
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+    )
+
+
+def tokenize_conversation(
+    tokenizer,
+    messages: list[dict],
+    stop_ids: set[int],
+    chat_template: str | None = None,
+    row_id: str = "?",
+) -> Tokenized:
+    """Token ids of the whole conversation and its assistant-only loss mask (1 = trained)."""
+    # A trailing prompt without an answer has nothing to train: render up to the last answer.
+    answered = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not answered:
+        return Tokenized([], [])
+    messages = messages[: answered[-1] + 1]
+    full_ids, _ = _encode(tokenizer, _render(tokenizer, messages, chat_template, add_generation_prompt=False))
+    mask = [0] * len(full_ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt_ids, _ = _encode(tokenizer, _render(tokenizer, messages[:i], chat_template, add_generation_prompt=True))
+        turn_text = _render(tokenizer, messages[: i + 1], chat_template, add_generation_prompt=False)
+        turn_ids, offsets = _encode(tokenizer, turn_text)
+        if turn_ids[: len(prompt_ids)] != prompt_ids or full_ids[: len(turn_ids)] != turn_ids:
+            raise TemplateError(
+                f"row {row_id!r}, assistant message {i}: the chat template is not prefix-stable (rendering the "
+                "conversation up to this answer does not tokenize to a prefix of the whole conversation), so "
+                "the answer's tokens cannot be located. Use a template that renders earlier turns unchanged "
+                "(target.chat_template) or one with {% generation %} tags."
+            )
+        start, end = len(prompt_ids), len(turn_ids)
+        content_end = _content_end_token(turn_text, offsets, start, end, message["content"])
+        if message.get("truncated"):
+            stop = content_end  # the template's end-of-turn was never emitted by the target
+        else:
+            # train through the first stop token after the content; template text after it is not the target's
+            stop = next((k + 1 for k in range(content_end, end) if turn_ids[k] in stop_ids), content_end)
+        for k in range(start, stop):
+            mask[k] = 1
+    if has_generation_tags(chat_template or tokenizer.chat_template) and not any(m.get("truncated") for m in messages):
+        _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id)
+    return Tokenized(full_ids, mask)
+
+
+def _content_end_token(text: str, offsets: list[tuple[int, int]], start: int, end: int, content: str) -> int:
+    """Index of the first token of turn span [start, end) that lies after the answer's content."""
+    span_start = offsets[start][0] if start < end else len(text)
+    needle = content if content in text[span_start:] else content.strip()  # templates may trim content
+    found = text.find(needle, span_start)
+    if found < 0:
+        # content rewritten by the template: treat the whole span as content
+        return end
+    content_end = found + len(needle)
+    return next((k for k in range(start, end) if offsets[k][0] >= content_end and offsets[k][1] > offsets[k][0]), end)
+
+
+def _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id) -> None:
+    enc = tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in messages],
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        chat_template=chat_template,
+    )
+    if list(enc["input_ids"]) != full_ids or list(enc["assistant_masks"]) != mask:
+        raise TemplateError(
+            f"row {row_id!r}: the chat template's {{% generation %}} mask disagrees with the prefix-render mask; "
+            "check that the generation block covers exactly the answer and its end-of-turn token"
+        )
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    max_seq_len: int = 2048
+    min_trainable_tokens: int = 1
+    chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    trust_remote_code: bool = False
+
+
+def tokenize_rows(tokenizer, rows: list[dict], settings: TokenizeSettings, stop_ids: set[int], chat_template: str | None):
+    """Tokenize, truncate at max_seq_len and filter; returns (kept rows, kept ids, statistics)."""
+    stats = {
+        "rows_in": len(rows),
+        "rows_truncated": 0,
+        "tokens_cut_by_truncation": 0,
+        "trainable_tokens_cut_by_truncation": 0,
+        "rows_dropped_few_trainable_tokens": 0,
+        "answers_truncated_at_generation": 0,
+    }
+    kept, ids = [], []
+    for row in rows:
+        stats["answers_truncated_at_generation"] += sum(bool(m.get("truncated")) for m in row["messages"])
+        tok = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"])
+        if len(tok.input_ids) > settings.max_seq_len:
+            stats["rows_truncated"] += 1
+            stats["tokens_cut_by_truncation"] += len(tok.input_ids) - settings.max_seq_len
+            stats["trainable_tokens_cut_by_truncation"] += sum(tok.loss_mask[settings.max_seq_len :])
+            tok = Tokenized(tok.input_ids[: settings.max_seq_len], tok.loss_mask[: settings.max_seq_len])
+        if sum(tok.loss_mask) < settings.min_trainable_tokens:
+            stats["rows_dropped_few_trainable_tokens"] += 1
+            log.warning("id %r dropped: %d trainable tokens < tokenize.min_trainable_tokens=%d", row["id"], sum(tok.loss_mask), settings.min_trainable_tokens)
+            continue
+        kept.append({"input_ids": tok.input_ids, "loss_mask": tok.loss_mask})
+        ids.append(row["id"])
+    stats["rows"] = len(kept)
+    stats["total_tokens"] = sum(len(r["input_ids"]) for r in kept)
+    stats["trainable_tokens"] = sum(sum(r["loss_mask"]) for r in kept)
+    return kept, ids, stats
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+            if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
+                raise ValueError(f"{path}:{lineno}: expected an object with a string 'id' and a list 'messages'")
+            rows.append(row)
+    return rows
+
+
+def load_tokenizer(target_dir: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
+    if not tokenizer.is_fast:
+        raise ValueError(f"{target_dir}: the tokenizer is not a fast tokenizer; the loss mask needs its offset mapping")
+    return tokenizer
+
+
+def tokenize(
+    target_dir: str | Path,
+    conversations_path: str | Path,
+    out_dataset: str | Path,
+    out_token_freq: str | Path,
+    out_summary: str | Path,
+    settings: TokenizeSettings,
+) -> dict:
+    """Conversations -> speculators' arrow dataset, token_freq.pt and summary.json, published atomically.
+
+    Dataset row i is the i-th kept conversation in input order (its id is `ids[i]` in summary.json).
+    """
+    import tempfile
+
+    from speculators.data_generation.preprocessing import build_speculator_training_dataset
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+    from datasets import Dataset
+
+    tokenizer = load_tokenizer(target_dir, settings.trust_remote_code)
+    chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
+    if chat_template is None and tokenizer.chat_template is None:
+        raise ValueError(f"{target_dir}: the tokenizer has no chat template; set target.chat_template to a Jinja file")
+    stop_ids = stop_token_ids(target_dir, tokenizer)
+    rows = read_rows(conversations_path)
+    kept, ids, stats = tokenize_rows(tokenizer, rows, settings, stop_ids, chat_template)
+    if not kept:
+        raise ValueError(
+            f"{conversations_path}: no conversation has >= {settings.min_trainable_tokens} trainable (assistant) tokens "
+            f"within max_seq_len={settings.max_seq_len}; see the counts above"
+        )
+
+    out_dataset, out_token_freq, out_summary = Path(out_dataset), Path(out_token_freq), Path(out_summary)
+    out_dataset.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh staging folder: speculators silently reuses an existing token_freq.pt.
+    staging = Path(tempfile.mkdtemp(prefix=".tokenize.tmp-", dir=out_dataset.parent))
+    try:
+        # speculators' pass-through for rows that already hold input_ids and loss_mask; its own
+        # clipping/filtering finds nothing left to do (done above, so it is counted), and it
+        # does not shuffle, so row i stays the i-th kept conversation.
+        dataset = build_speculator_training_dataset(
+            Dataset.from_list(kept),
+            tokenizer,
+            max_length=settings.max_seq_len,
+            num_proc=1,
+            minimum_valid_tokens=settings.min_trainable_tokens,
+        )
+        if len(dataset) != len(kept):
+            raise RuntimeError(f"speculators' preprocessing kept {len(dataset)} of {len(kept)} rows; expected all")
+        save_token_frequency_distribution(dataset, staging / "token_freq.pt")
+        dataset.save_to_disk(str(staging / "dataset"))
+        _verify(staging, kept)
+        summary = {**stats, "max_seq_len": settings.max_seq_len, "min_trainable_tokens": settings.min_trainable_tokens, "ids": ids}
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        # dataset and token_freq first, summary last: a finished summary means the rest is there
+        _replace(staging / "dataset", out_dataset)
+        _replace(staging / "token_freq.pt", out_token_freq)
+        _replace(staging / "summary.json", out_summary)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info(
+        "%d rows, %d tokens, %d trainable; %d rows truncated at max_seq_len=%d (%d tokens, %d trainable cut); "
+        "%d rows dropped with < %d trainable tokens; %d answers were truncated at generation",
+        stats["rows"], stats["total_tokens"], stats["trainable_tokens"], stats["rows_truncated"], settings.max_seq_len,
+        stats["tokens_cut_by_truncation"], stats["trainable_tokens_cut_by_truncation"],
+        stats["rows_dropped_few_trainable_tokens"], settings.min_trainable_tokens, stats["answers_truncated_at_generation"],
+    )
+    return summary
+
+
+def _verify(staging: Path, kept: list[dict]) -> None:
+    """Read back what was written: every row's ids and mask as produced, frequencies of trained tokens only."""
+    from collections import Counter
+
+    import torch
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(staging / "dataset"))
+    if len(dataset) != len(kept):
+        raise RuntimeError(f"written dataset has {len(dataset)} rows, expected {len(kept)}")
+    expected = Counter()
+    for i, (written, row) in enumerate(zip(dataset, kept, strict=True)):
+        if list(written["input_ids"]) != row["input_ids"] or list(written["loss_mask"]) != row["loss_mask"] or written["seq_len"] != len(row["input_ids"]):
+            raise RuntimeError(f"written dataset row {i} differs from the tokenized conversation")
+        expected.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
+    freq = torch.load(staging / "token_freq.pt", weights_only=True)
+    if dict(expected) != freq:
+        raise RuntimeError("token_freq.pt does not match the trained tokens of the dataset")
+
+
+def _replace(src: Path, dst: Path) -> None:
+    import os
+
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    os.replace(src, dst)

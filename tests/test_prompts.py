@@ -1,0 +1,308 @@
+"""The prompts stage: every source format, stable ids, de-duplication, bad rows, the split."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftline.prompts import PromptError, build_prompts, check_sources, collect_prompts, source_files
+
+DATA = Path(__file__).parent / "data" / "prompts"
+MESSAGES, SHAREGPT, PROMPT, ROWS_JSON = (
+    str(DATA / name) for name in ("messages.jsonl", "sharegpt.jsonl", "prompt.jsonl", "rows.json")
+)
+SAME = [{"role": "user", "content": "Name a prime number."}, {"role": "assistant", "content": "7"}]
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def build(tmp_path, sources, **settings):
+    out = tmp_path / "out"
+    summary = build_prompts(
+        [str(s) for s in sources],
+        prompts_path=out / "prompts.jsonl",
+        heldout_path=out / "heldout.jsonl",
+        rejects_path=out / "rejects.jsonl",
+        summary_path=out / "summary.json",
+        **settings,
+    )
+    assert json.loads((out / "summary.json").read_text()) == summary
+    return (
+        read_jsonl(out / "prompts.jsonl"),
+        read_jsonl(out / "heldout.jsonl"),
+        read_jsonl(out / "rejects.jsonl"),
+        summary,
+    )
+
+
+def write(tmp_path, text, name="src.jsonl"):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    return str(path)
+
+
+def jsonl(*rows):
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
+def by_source(rows, source):
+    return [r for r in rows if r["source"] == source]
+
+
+# ------------------------------------------------------------------------------------ formats
+
+
+def test_every_format_normalized_with_system_multiturn_and_unicode(tmp_path):
+    train, held, rejects, summary = build(tmp_path, [MESSAGES, SHAREGPT, PROMPT, ROWS_JSON])
+    rows = {r["id"]: r for r in train + held}
+    assert rejects == []
+    for row in rows.values():
+        assert set(row) == {"id", "source", "messages"}
+        assert all(set(m) == {"role", "content"} for m in row["messages"])
+    contents = {r["messages"][-1]["content"]: r for r in rows.values()}
+    # multi-turn with unicode (kept as is, not escaped)
+    assert [m["role"] for m in contents["Γειά σου"]["messages"]] == ["user", "assistant"] * 2
+    assert contents["Γειά σου"]["messages"][1]["content"] == "こんにちは 👋"
+    assert "こんにちは 👋" in (tmp_path / "out" / "prompts.jsonl").read_text(encoding="utf-8") + (
+        tmp_path / "out" / "heldout.jsonl"
+    ).read_text(encoding="utf-8")
+    # ShareGPT system/human/gpt -> system/user/assistant
+    assert contents["Bonjour ! Ça va ?"]["messages"] == [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Hello?"},
+        {"role": "assistant", "content": "Bonjour ! Ça va ?"},
+    ]
+    # plain prompt with system; prompt with completion, from a .json list
+    assert contents["Translate 'thank you' to German."]["messages"] == [
+        {"role": "system", "content": "You are a translator."},
+        {"role": "user", "content": "Translate 'thank you' to German."},
+    ]
+    assert contents["n-a-ï-v-e"]["source"] == ROWS_JSON
+    formats = {s["path"]: s["format"] for s in summary["sources"]}
+    assert formats == {MESSAGES: "jsonl", SHAREGPT: "jsonl", PROMPT: "jsonl", ROWS_JSON: "json"}
+    # 3 + 3 + 3 + 2 rows, the prime-number conversation in three of them
+    assert summary["totals"]["rows_read"] == 11
+    assert summary["totals"]["duplicates"] == 2
+    assert len(rows) == summary["totals"]["kept"] == 9
+
+
+def test_save_to_disk_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_list(
+        [
+            {"conversations": [{"from": "human", "value": "Hi ☃"}, {"from": "gpt", "value": "Hello ☃"}]},
+            {"conversations": [{"from": "human", "value": "Name a prime number."}, {"from": "gpt", "value": "7"}]},
+        ]
+    ).save_to_disk(str(folder))
+    train, held, _, summary = build(tmp_path, [folder, MESSAGES], regenerate_enabled=False)
+    rows = train + held
+    assert summary["sources"][0]["format"] == "dataset"
+    assert summary["sources"][0]["kept"] == 2
+    assert [m["content"] for m in by_source(rows, str(folder))[0]["messages"]] in (
+        ["Hi ☃", "Hello ☃"],
+        ["Name a prime number.", "7"],
+    )
+    # the dataset came first, so it keeps the shared conversation
+    assert summary["sources"][1]["duplicates"] == 1
+    assert str(folder / "state.json") in source_files([str(folder)])
+
+
+def test_dataset_dict_folder_names_the_split(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "x"}])}).save_to_disk(str(folder))
+    with pytest.raises(PromptError, match=r"dd/train"):
+        collect_prompts([str(folder)])
+    assert collect_prompts([str(folder / "train")]).summary["totals"]["kept"] == 1
+
+
+def test_bad_row_in_dataset_names_the_row_index(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_list([{"prompt": "fine"}, {"prompt": ""}]).save_to_disk(str(folder))
+    with pytest.raises(PromptError, match=r"ds\[1\]: `prompt` has empty content"):
+        collect_prompts([str(folder)])
+
+
+# ------------------------------------------------------------------------------- ids, dedupe
+
+
+def test_ids_are_stable_across_runs_and_formats(tmp_path):
+    a = write(tmp_path, jsonl({"messages": SAME}), "a.jsonl")
+    b = write(tmp_path, jsonl({"conversations": [{"from": "human", "value": "Name a prime number."},
+                                                {"from": "gpt", "value": "7"}]}), "b.jsonl")
+    c = write(tmp_path, jsonl({"prompt": "Name a prime number.", "response": "7"}), "c.jsonl")
+    ids = {collect_prompts([p]).train[0]["id"] for p in (a, b, c)}
+    assert len(ids) == 1
+    assert collect_prompts([a]).train[0]["id"] in ids  # a second run: same id
+    # a different answer is a different conversation
+    d = write(tmp_path, jsonl({"messages": [SAME[0], {"role": "assistant", "content": "11"}]}), "d.jsonl")
+    assert collect_prompts([d]).train[0]["id"] not in ids
+
+
+def test_duplicates_removed_across_sources_keeping_the_first(tmp_path):
+    first = write(tmp_path, jsonl({"messages": SAME}, {"prompt": "only here"}), "first.jsonl")
+    second = write(tmp_path, jsonl({"prompt": "Name a prime number.", "response": "7"},
+                                   {"messages": SAME}), "second.jsonl")
+    result = collect_prompts([first, second])
+    assert len(result.train) == 2
+    assert {r["source"] for r in result.train if r["messages"] == SAME} == {first}
+    s = {src["path"]: src for src in result.summary["sources"]}
+    assert (s[first]["kept"], s[first]["duplicates"]) == (2, 0)
+    assert (s[second]["kept"], s[second]["duplicates"]) == (0, 2)
+    assert result.summary["totals"]["duplicates"] == 2
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+GOOD = {"messages": SAME}
+BAD_ROWS = {
+    "unknown_format": ({"text": "hello"}, r"none of the fields messages, conversations, prompt"),
+    "empty_conversation": ({"messages": []}, r"`messages` is empty"),
+    "unknown_role": ({"messages": [{"role": "bot", "content": "x"}]}, r"unknown role 'bot'"),
+    "bad_content": ({"messages": [{"role": "user", "content": 3}]}, r"content is a int, not a string"),
+    "empty_content": ({"conversations": [{"from": "human", "value": "  "}]}, r"conversations\[0\] has empty content"),
+    "system_not_first": (
+        {"messages": [SAME[0], {"role": "system", "content": "late"}, SAME[1]]},
+        r"messages\[1\] is a system message",
+    ),
+    "not_alternating": ({"messages": [SAME[0], SAME[0], SAME[1]]}, r"messages\[1\] is user where assistant"),
+    "no_user_turn": (
+        {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]},
+        r"no user turn",
+    ),
+    "not_an_object": ([1, 2], r"the row is a JSON list"),
+}
+
+
+@pytest.mark.parametrize("code", sorted(BAD_ROWS))
+def test_bad_row_stops_with_file_line_and_fix(tmp_path, code):
+    row, message = BAD_ROWS[code]
+    path = write(tmp_path, jsonl(GOOD, {"prompt": "fine"}, row))
+    with pytest.raises(PromptError, match=rf"^{path}:3: .*{message}.*\(fix: .+\)$"):
+        collect_prompts([path])
+
+
+@pytest.mark.parametrize(
+    "content, line, message",
+    [
+        (jsonl(GOOD) + '{"messages": [}\n' + jsonl(GOOD), 2, r"malformed JSON"),
+        (jsonl(GOOD, {"prompt": "x"}) + '{"messages": [{"role": "us', 3, r"the last line is cut off"),
+        (jsonl(GOOD).encode() + b'{"prompt": "caf\xe9"}\n', 2, r"bytes that are not UTF-8 \(0xe9"),
+    ],
+    ids=["malformed", "truncated", "not-utf8"],
+)
+def test_unreadable_line_stops_with_file_and_line(tmp_path, content, line, message):
+    path = write(tmp_path, content)
+    with pytest.raises(PromptError, match=rf"^{path}:{line}: {message}.*\(fix: .+\)$"):
+        collect_prompts([path])
+
+
+def test_final_assistant_turn_required_only_without_regeneration(tmp_path):
+    path = write(tmp_path, jsonl(GOOD, {"messages": [SAME[0], SAME[1], {"role": "user", "content": "more?"}]}))
+    with pytest.raises(PromptError, match=rf"{path}:2: .*ends with a user turn.*regenerate.enabled"):
+        collect_prompts([path], regenerate_enabled=False)
+    # with regeneration both endings are fine: the target writes the answers
+    assert len(collect_prompts([path], regenerate_enabled=True).train) == 2
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_missing_or_empty_source_is_an_error_in_both_modes(tmp_path, mode):
+    good = write(tmp_path, jsonl(GOOD), "good.jsonl")
+    # at_parse_time: check_sources catches it too (a .json list is only parsed by the job)
+    for bad, message, at_parse_time in [
+        (str(tmp_path / "nope.jsonl"), "prompt source not found", True),
+        (write(tmp_path, "", "empty.jsonl"), "empty file", True),
+        (write(tmp_path, "\n\n", "blank.jsonl"), "empty file", True),
+        (write(tmp_path, "[]", "empty.json"), "empty list", False),
+        (str(tmp_path), "a folder that was not written by datasets.save_to_disk", True),
+    ]:
+        with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
+            collect_prompts([good, bad], on_bad_row=mode)
+        if at_parse_time:
+            with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
+                check_sources([good, bad], regenerate_enabled=True, on_bad_row=mode)
+
+
+def test_check_sources_fails_fast_on_the_first_row(tmp_path):
+    path = write(tmp_path, jsonl({"prompt": "no answer"}))
+    check_sources([path], regenerate_enabled=True)
+    with pytest.raises(PromptError, match=rf"{path}:1: .*ends with a user turn"):
+        check_sources([path], regenerate_enabled=False)
+    check_sources([path], regenerate_enabled=False, on_bad_row="skip")  # the job will reject it
+    with pytest.raises(PromptError, match="twice"):
+        check_sources([path, path])
+
+
+def test_skip_mode_writes_rejects_with_reasons_and_counts(tmp_path, caplog):
+    rows = [GOOD, BAD_ROWS["unknown_role"][0], {"prompt": "fine"}, BAD_ROWS["empty_conversation"][0]]
+    path = write(tmp_path, jsonl(*rows) + '{"broken": ')
+    train, held, rejects, summary = build(tmp_path, [path], on_bad_row="skip")
+    assert len(train) + len(held) == 2
+    assert [(r["source"], r["line"], r["code"]) for r in rejects] == [
+        (path, 2, "unknown_role"),
+        (path, 4, "empty_conversation"),
+        (path, 5, "truncated_last_line"),
+    ]
+    assert all(r["reason"] and r["fix"] for r in rejects)
+    assert json.loads(rejects[0]["raw"]) == BAD_ROWS["unknown_role"][0]
+    assert rejects[2]["raw"] == '{"broken": '
+    source = summary["sources"][0]
+    assert (source["rows_read"], source["kept"], source["rejected"]) == (5, 2, 3)
+    assert source["rejected_reasons"] == {"empty_conversation": 1, "truncated_last_line": 1, "unknown_role": 1}
+    assert "rejected 3 rows" in caplog.text
+
+
+def test_rejects_file_written_empty_when_nothing_rejected(tmp_path):
+    _, _, rejects, summary = build(tmp_path, [MESSAGES], on_bad_row="skip")
+    assert rejects == [] and summary["totals"]["rejected"] == 0
+    assert (tmp_path / "out" / "rejects.jsonl").read_text() == ""
+
+
+def test_nothing_usable_is_an_error_even_when_skipping(tmp_path):
+    path = write(tmp_path, jsonl({"messages": []}, {"text": "x"}))
+    with pytest.raises(PromptError, match="no usable conversations"):
+        collect_prompts([path], on_bad_row="skip")
+
+
+# ----------------------------------------------------------------------------------- the split
+
+
+def many(tmp_path, n, name="many.jsonl"):
+    return write(tmp_path, jsonl(*({"prompt": f"question {i}", "response": f"answer {i}"} for i in range(n))), name)
+
+
+def test_heldout_and_max_samples_disjoint_and_deterministic(tmp_path):
+    path = many(tmp_path, 50)
+    a = collect_prompts([path], heldout=10, max_samples=25, seed=3)
+    b = collect_prompts([path], heldout=10, max_samples=25, seed=3)
+    assert (a.train, a.heldout) == (b.train, b.heldout)
+    train_ids = {r["id"] for r in a.train}
+    held_ids = {r["id"] for r in a.heldout}
+    assert (len(train_ids), len(held_ids)) == (25, 10)
+    assert not train_ids & held_ids
+    assert (a.summary["train"], a.summary["heldout"], a.summary["over_max_samples"]) == (25, 10, 15)
+    # shuffled, not the file order
+    assert [r["messages"][0]["content"] for r in a.heldout] != [f"question {i}" for i in range(10)]
+    # the held-out set does not depend on max_samples; another seed gives another split
+    assert collect_prompts([path], heldout=10, max_samples=None, seed=3).heldout == a.heldout
+    assert len(collect_prompts([path], heldout=10, seed=3).train) == 40
+    assert {r["id"] for r in collect_prompts([path], heldout=10, seed=4).heldout} != held_ids
+
+
+def test_written_outputs_are_identical_across_runs(tmp_path):
+    path = many(tmp_path, 20)
+    settings = dict(heldout=5, max_samples=8, seed=1)
+    build(tmp_path / "one", [path], **settings)
+    build(tmp_path / "two", [path], **settings)
+    for name in ("prompts.jsonl", "heldout.jsonl", "rejects.jsonl", "summary.json"):
+        assert (tmp_path / "one" / "out" / name).read_bytes() == (tmp_path / "two" / "out" / name).read_bytes()
+
+
+def test_heldout_leaving_no_training_rows_is_an_error(tmp_path):
+    path = many(tmp_path, 5)
+    with pytest.raises(PromptError, match=r"prompts.heldout is 5 but only 5"):
+        collect_prompts([path], heldout=5)
