@@ -16,7 +16,20 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
 
+from snakemake.exceptions import WorkflowError  # noqa: E402
+
+from draftline.prompts import PromptError, check_sources, source_files  # noqa: E402
 from draftline.target_model import resolve_target  # noqa: E402
+
+# Cheap checks at parse time, so a typo stops the run before any job starts.
+try:
+    check_sources(
+        config["prompts"]["sources"],
+        config["regenerate"]["enabled"],
+        config["prompts"]["on_bad_row"],
+    )
+except (PromptError, ValueError) as error:
+    raise WorkflowError(f"prompts.sources: {error}") from None
 
 TARGET = resolve_target(
     config["target"]["model"],

@@ -116,3 +116,164 @@ def train_inputs(tiny_model, tmp_path_factory):
         layer_ids=root / "layer_ids.json",
         target=str(tiny_model),
     )
+
+
+SETTINGS = dict(epochs=2, total_seq_len=256, train_fraction=0.75)
+
+
+@pytest.fixture(scope="module")
+def trained(train_inputs, tmp_path_factory):
+    from draftline.train import TrainSettings, train
+
+    root = tmp_path_factory.mktemp("train-out")
+    final = train(train_inputs, TrainSettings(**SETTINGS), root / "runs", root / "final", threads=1)
+    return root, final
+
+
+def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, trained):
+    import numpy as np
+    from safetensors import safe_open
+
+    _root, final = trained
+    assert sorted(p.name for p in final.iterdir()) == [
+        "config.json", "draftline_provenance.json", "model.safetensors",
+        "run.yaml", "train_command.txt", "val_metrics.json",
+    ]  # fmt: skip
+    provenance = json.loads((final / "draftline_provenance.json").read_text())
+    losses = {int(k): v for k, v in provenance["val_loss_per_epoch"].items()}
+    assert sorted(losses) == [0, 1]
+    assert provenance["chosen_epoch"] == min(losses, key=losses.get)
+    assert provenance["optimizer"] == "adamw" and provenance["device"] == "cpu"
+    assert provenance["throughput"]["tokens_per_s"] > 0
+    assert "--from-pretrained" in (final / "train_command.txt").read_text()
+
+    with safe_open(str(final / "model.safetensors"), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    hidden = 128
+    assert tensors["fc.weight"].shape == (hidden, len(AUX) * hidden)
+    assert tensors["lm_head.weight"].shape == (DRAFT_VOCAB, hidden)
+    assert tensors["d2t"].shape == (DRAFT_VOCAB,) and tensors["t2d"].shape == (512,)
+    assert any(k.startswith("layers.0.") for k in tensors)
+    assert not any(k.startswith("layers.1.") for k in tensors)  # draft.num_layers = 1
+    # The maps trained with are the vocab stage's, not ones speculators rebuilt.
+    np.testing.assert_array_equal(tensors["d2t"].numpy(), np.load(train_inputs.d2t))
+    np.testing.assert_array_equal(tensors["t2d"].numpy(), np.load(train_inputs.t2d))
+
+
+def test_final_checkpoint_loads_in_speculators(trained):
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    model = Eagle3DraftModel.from_pretrained(str(trained[1]))
+    assert model.config.eagle_aux_hidden_state_layer_ids == AUX
+    assert model.config.draft_vocab_size == DRAFT_VOCAB
+
+
+def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplog):
+    """A job killed while saving epoch 2 resumes from epoch 1's checkpoint, not from scratch."""
+    import logging
+    import shutil
+
+    from draftline.train import TrainSettings, train
+
+    root, final = trained
+    (run_dir,) = (root / "runs").iterdir()
+    (run_dir / "1" / "training_state.json").unlink()  # written last: as if killed mid-save
+    shutil.rmtree(final)
+    with caplog.at_level(logging.INFO):
+        train(train_inputs, TrainSettings(**SETTINGS), root / "runs", final, threads=1)
+    text = caplog.text
+    assert f"discarding incomplete checkpoint {run_dir / '1'}" in text
+    assert "Resuming training on epoch 1." in text  # speculators counts epochs from 0
+    assert "[draftline] epoch 2 done" in text and "[draftline] epoch 1 step" not in text
+    assert [p.name for p in (root / "runs").iterdir()] == [run_dir.name]  # same run, no new one
+    assert (final / "model.safetensors").exists()
+
+
+def test_run_key_follows_settings_and_inputs():
+    from draftline.train import TrainSettings, run_key
+
+    inputs = {"dataset": "a", "hidden_states": "b"}
+    base = run_key(TrainSettings(), "adamw", 1, inputs)
+    assert run_key(TrainSettings(), "adamw", 1, dict(inputs)) == base
+    assert run_key(TrainSettings(lr=1e-3), "adamw", 1, inputs) != base
+    assert run_key(TrainSettings(), "muon", 1, inputs) != base
+    assert run_key(TrainSettings(), "adamw", 2, inputs) != base
+    assert run_key(TrainSettings(), "adamw", 1, {**inputs, "hidden_states": "c"}) != base
+
+
+@pytest.mark.parametrize("rows", [2, 3, 7, 10, 240, 1000, 99_999])
+def test_train_fraction_one_keeps_a_single_validation_row(rows, tmp_path):
+    """speculators 0.9.0 needs a validation split: 1.0 leaves it one row (ignored)."""
+    from draftline.train import TrainInputs, TrainSettings, speculators_args
+
+    inputs = TrainInputs(*(tmp_path,) * 6, target="t")
+    args = speculators_args(inputs, TrainSettings(train_fraction=1.0), tmp_path, "float32", "adamw", AUX, rows, 64)
+    ratio = float(args[args.index("--train-data-ratio") + 1])
+    assert 0 < ratio < 1 and int(rows * ratio) == rows - 1
+
+
+def test_too_few_rows_for_a_split_is_a_clear_error(tmp_path):
+    from draftline.train import TrainInputs, TrainSettings, speculators_args
+
+    inputs = TrainInputs(*(tmp_path,) * 6, target="t")
+    with pytest.raises(ValueError, match="train.train_fraction"):
+        speculators_args(inputs, TrainSettings(train_fraction=0.9), tmp_path, "float32", "adamw", AUX, 1, 64)
+
+
+def test_missing_hidden_states_are_reported_before_training(train_inputs, tmp_path):
+    from dataclasses import replace
+
+    from draftline.train import check_inputs
+
+    view = tmp_path / "all"
+    view.mkdir()
+    for f in train_inputs.hidden_states.iterdir():
+        if f.name != "hs_3.safetensors":
+            (view / f.name).symlink_to(f)
+    with pytest.raises(ValueError, match=r"1 of 16 dataset rows \(e.g. hs_3.safetensors\)"):
+        check_inputs(replace(train_inputs, hidden_states=view))
+
+
+def test_optimizer_auto_is_adamw_on_cpu_and_muon_on_cuda():
+    from draftline.train import resolve_optimizer
+
+    assert resolve_optimizer("auto", cuda=False) == "adamw"
+    assert resolve_optimizer("auto", cuda=True) == "muon"
+    assert resolve_optimizer("muon", cuda=False) == "muon"
+
+
+VLLM_CHECK = r"""
+import json, os, sys
+from vllm import LLM, SamplingParams
+
+target, draft = sys.argv[1], sys.argv[2]
+prompts = ["Tell me about the sea.", "Here is something about", "The capital of France"]
+params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+result = {}
+for name, spec in [("spec", {"method": "eagle3", "model": draft, "num_speculative_tokens": 2}), ("plain", None)]:
+    llm = LLM(model=target, speculative_config=spec, disable_log_stats=False, enforce_eager=True,
+              dtype="float32", max_model_len=512)
+    result[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    if spec:
+        result["metrics"] = {m.name: getattr(m, "value", None) for m in llm.get_metrics()
+                             if m.name.startswith("vllm:spec_decode")}
+    del llm
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def test_trained_draft_runs_as_eagle3_in_vllm(tiny_model, trained, tmp_path):
+    """vLLM CPU loads final/ as an eagle3 draft; speculation does not change greedy outputs."""
+    script = tmp_path / "vllm_check.py"
+    script.write_text(VLLM_CHECK)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tiny_model), str(trained[1])],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["metrics"]["vllm:spec_decode_num_drafts"] > 0
+    assert result["metrics"]["vllm:spec_decode_num_draft_tokens"] > 0
+    assert result["spec"] == result["plain"]

@@ -19,6 +19,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; publish with normal modes
     try:
         yield staging
         if final.exists():
@@ -36,6 +37,7 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs) -> Iterator:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         with open(tmp, mode, **kwargs) as handle:
             yield handle
@@ -44,3 +46,9 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs) -> Iterator:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

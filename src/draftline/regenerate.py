@@ -35,7 +35,8 @@ class RegenerateSettings:
     dtype: str = "auto"
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     trust_remote_code: bool = False
-    enforce_eager: bool = True
+    # None = eager on CPU (torch.compile costs more start-up than it saves here), compiled on CUDA
+    enforce_eager: bool | None = None
     threads: int | None = None
 
 
@@ -102,7 +103,7 @@ def read_conversations(path: str | Path) -> list[_Conversation]:
 
 def create_llm(target_dir: str | Path, settings: RegenerateSettings):
     """The target in vLLM, loaded the way every stage loads it (engine.py decides dtype/CPU)."""
-    from draftline.engine import configure_vllm_cpu, default_dtype
+    from draftline.engine import configure_vllm_cpu, default_dtype, has_cuda
 
     configure_vllm_cpu(settings.threads)
     from vllm import LLM
@@ -111,7 +112,7 @@ def create_llm(target_dir: str | Path, settings: RegenerateSettings):
         model=str(target_dir),
         dtype=default_dtype(settings.dtype),
         max_model_len=settings.max_model_len,
-        enforce_eager=settings.enforce_eager,
+        enforce_eager=not has_cuda() if settings.enforce_eager is None else settings.enforce_eager,
         trust_remote_code=settings.trust_remote_code,
         seed=settings.seed,
     )
@@ -125,7 +126,8 @@ class _LogProgress(tqdm):
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):
-        if self.n:  # skip the empty bar at start
+        if self.n and self.n != getattr(self, "_logged_n", None):  # not the empty bar, not twice
+            self._logged_n = self.n
             log.info("  %s", self.format_meter(**self.format_dict).strip())
         return True
 

@@ -274,7 +274,7 @@ def _verify(staging: Path, kept: list[dict]) -> None:
     import torch
     from datasets import load_from_disk
 
-    dataset = load_from_disk(str(staging / "dataset"))
+    dataset = load_from_disk(str(staging / "dataset")).with_format(None)  # plain lists, not tensors
     if len(dataset) != len(kept):
         raise RuntimeError(f"written dataset has {len(dataset)} rows, expected {len(kept)}")
     expected = Counter()

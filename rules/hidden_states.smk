@@ -1,0 +1,41 @@
+# Target hidden states for training: vLLM's extract_hidden_states method, one job per shard
+# of contiguous dataset rows, then one folder of links the Trainer reads as a whole.
+# Validated files survive a killed shard job in results/hidden_states/.staging/ (not an
+# output, so Snakemake does not delete it before the rerun).
+
+
+rule hidden_states_shard:
+    input:
+        dataset="results/tokenized/dataset",
+        target=target_input(),
+        layer_ids="results/target/layer_ids.json",
+        code=code("hidden_states", "vllm_cpu_connector", "engine"),
+    output:
+        directory("results/hidden_states/shard_{shard}"),
+    log:
+        "logs/hidden_states/shard_{shard}.log",
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        num_shards=config["hidden_states"]["shards"],
+        dtype=config["target"]["dtype"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+        # "auto": eager on CPU (torch.compile costs ~60 s per engine there), compiled on CUDA
+        enforce_eager="auto",
+        chunk_rows=64,
+    script:
+        "../scripts/hidden_states.py"
+
+
+rule hidden_states_view:
+    input:
+        shards=hidden_state_shards(),
+        code=code("hidden_states"),
+    output:
+        directory("results/hidden_states/all"),
+    log:
+        "logs/hidden_states/view.log",
+    threads: 1
+    script:
+        "../scripts/hidden_states_view.py"

@@ -1,0 +1,30 @@
+# The target's own answers replace the dataset's (turn by turn, greedy by default), so the
+# draft learns the distribution it will have to predict. Skipped when regenerate.enabled is false.
+
+
+rule regenerate:
+    input:
+        target=target_input(),
+        conversations="results/prompts/prompts.jsonl",
+        code=code("regenerate", "engine"),
+    output:
+        conversations="results/regenerated/conversations.jsonl",
+        summary="results/regenerated/summary.json",
+    log:
+        "logs/regenerate.log",
+    benchmark:
+        "benchmarks/regenerate.tsv"
+    # vLLM CPU binds its OpenMP threads to this many cores (1 measured fastest on 2 shared cores)
+    threads: 1
+    params:
+        max_new_tokens=config["regenerate"]["max_new_tokens"],
+        temperature=config["regenerate"]["temperature"],
+        top_p=config["regenerate"]["top_p"],
+        seed=config["regenerate"]["seed"],
+        # prompt + answer must fit what tokenize keeps, so no generated token is cut later
+        max_model_len=config["tokenize"]["max_seq_len"],
+        dtype=config["target"]["dtype"],
+        chat_template=config["target"]["chat_template"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/regenerate.py"

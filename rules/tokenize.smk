@@ -1,0 +1,24 @@
+# Conversations rendered with the target's chat template, assistant-only loss masks, then
+# speculators' own preprocessing: the arrow dataset its trainer reads and token_freq.pt.
+
+
+rule tokenize:
+    input:
+        target=target_input(),
+        conversations=conversations_to_tokenize(),
+        code=code("tokenization"),
+    output:
+        dataset=directory("results/tokenized/dataset"),
+        token_freq="results/tokenized/token_freq.pt",
+        summary="results/tokenized/summary.json",
+    log:
+        "logs/tokenize.log",
+    threads: 1
+    params:
+        max_seq_len=config["tokenize"]["max_seq_len"],
+        min_trainable_tokens=config["tokenize"]["min_trainable_tokens"],
+        # already baked into the target folder by rule target_model; kept so a change reruns this
+        chat_template=config["target"]["chat_template"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/tokenize.py"

@@ -1,0 +1,22 @@
+"""Extract one shard of target hidden states with vLLM (see draftline.hidden_states)."""
+
+import json
+import logging
+
+from draftline.hidden_states import extract_shard
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    extract_shard(
+        snakemake.input.dataset,
+        snakemake.input.target,
+        json.loads(open(snakemake.input.layer_ids).read()),
+        int(snakemake.wildcards.shard),
+        snakemake.params.num_shards,
+        snakemake.output[0],
+        dtype=snakemake.params.dtype,
+        threads=snakemake.threads,
+        enforce_eager=snakemake.params.enforce_eager,
+        chunk_rows=snakemake.params.chunk_rows,
+        trust_remote_code=snakemake.params.trust_remote_code,
+    )

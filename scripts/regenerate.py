@@ -1,0 +1,26 @@
+"""Replace the dataset's answers with the target's own, turn by turn (see draftline.regenerate)."""
+
+import logging
+
+from draftline.regenerate import RegenerateSettings, regenerate
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    regenerate(
+        snakemake.input.target,
+        snakemake.input.conversations,
+        snakemake.output.conversations,
+        snakemake.output.summary,
+        RegenerateSettings(
+            max_new_tokens=snakemake.params.max_new_tokens,
+            temperature=snakemake.params.temperature,
+            top_p=snakemake.params.top_p,
+            seed=snakemake.params.seed,
+            max_model_len=snakemake.params.max_model_len,
+            dtype=snakemake.params.dtype,
+            chat_template=snakemake.params.chat_template,
+            trust_remote_code=snakemake.params.trust_remote_code,
+            enforce_eager=getattr(snakemake.params, "enforce_eager", None),  # None: eager on CPU only
+            threads=snakemake.threads,
+        ),
+    )

@@ -1,0 +1,260 @@
+"""Hidden-state extraction through vLLM CPU on the tiny model, its validation, sharding and view.
+
+Two engines are started in this module (one extraction, one resume); everything else reuses
+their output.
+"""
+
+import json
+import os
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftline import hidden_states as hs
+from draftline.layers import resolve_layer_ids
+
+NUM_ROWS = 6
+
+
+def _layer_ids(target):
+    ids = resolve_layer_ids("auto", str(target))
+    return {"aux": ids.aux, "extracted": ids.extracted, "num_hidden_layers": ids.num_hidden_layers}
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny_model, tmp_path_factory):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model))
+    rng = random.Random(0)
+    lengths = [5, 17, 33, 64, 9, 48][:NUM_ROWS]
+    ids = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+    path = tmp_path_factory.mktemp("data") / "dataset"
+    Dataset.from_dict(
+        {"input_ids": ids, "loss_mask": [[1] * n for n in lengths], "seq_len": lengths}
+    ).save_to_disk(str(path))
+    return path, ids
+
+
+@pytest.fixture(scope="module")
+def extracted(tiny_model, dataset, tmp_path_factory):
+    """One real extraction (vLLM CPU, eager) of all rows as shard 0 of 1."""
+    root = tmp_path_factory.mktemp("hs")
+    manifest = hs.extract_shard(
+        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
+        dtype="float32", threads=1, enforce_eager=True, chunk_rows=4,
+    )
+    return root, manifest
+
+
+def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extracted):
+    root, manifest = extracted
+    _, ids = dataset
+    layers = _layer_ids(tiny_model)["extracted"]
+    shard = root / "shard_0"
+    assert sorted(p.name for p in shard.iterdir()) == sorted(
+        [hs.MANIFEST] + [hs.file_name(i) for i in range(NUM_ROWS)]
+    )
+    for i, row in enumerate(ids):
+        data = load_file(shard / hs.file_name(i))
+        assert data["hidden_states"].shape == (len(row), len(layers), 128)
+        assert data["hidden_states"].dtype == torch.float32
+        assert data["token_ids"].tolist() == row
+        assert torch.isfinite(data["hidden_states"]).all()
+        # Every layer is its own tensor, not a copy of another.
+        for a in range(len(layers) - 1):
+            assert not torch.allclose(data["hidden_states"][:, a], data["hidden_states"][:, a + 1])
+    assert manifest["num_rows"] == NUM_ROWS and manifest["tokens"] == sum(map(len, ids))
+    assert manifest["layer_ids"]["extracted"] == layers
+    assert manifest["extracted_rows"] == NUM_ROWS and manifest["tokens_per_s"] > 0
+    assert manifest["bytes"] == sum(
+        (shard / hs.file_name(i)).stat().st_size for i in range(NUM_ROWS)
+    )
+    assert json.loads((shard / hs.MANIFEST).read_text()) == manifest
+    # Nothing is left behind: no lock files, the staging folder is gone.
+    assert not list(root.rglob("*.lock"))
+    assert not list((root / ".staging").glob("shard_0-*"))
+
+
+def test_states_match_transformers_forward(tiny_model, dataset, extracted):
+    """vLLM id i == transformers hidden_states[i] for i < n; id n is the last layer before the
+    final norm (transformers' hidden_states[n] is after it)."""
+    from transformers import AutoModelForCausalLM
+
+    root, _ = extracted
+    _, ids = dataset
+    layers = _layer_ids(tiny_model)["extracted"]
+    n = layers[-1]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    captured = {}
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda mod, inp, out: captured.__setitem__("last", out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        for i in (0, 3, 5):
+            got = load_file(root / "shard_0" / hs.file_name(i))["hidden_states"]
+            with torch.no_grad():
+                ref = model(torch.tensor([ids[i]]), output_hidden_states=True).hidden_states
+            for j, layer in enumerate(layers[:-1]):
+                torch.testing.assert_close(got[:, j], ref[layer][0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got[:, -1], captured["last"][0], rtol=1e-4, atol=1e-4)
+            with torch.no_grad():
+                normed = model.model.norm(got[:, -1])
+            torch.testing.assert_close(normed, ref[n][0], rtol=1e-4, atol=1e-4)
+    finally:
+        hook.remove()
+
+
+def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_path):
+    """A killed job's staged files are reused (same inode ends up published); broken ones redone."""
+    root, _ = extracted
+    path, ids = dataset
+    from datasets import load_from_disk
+
+    key = hs.staging_key(
+        tiny_model, _layer_ids(tiny_model)["extracted"], load_from_disk(str(path))._fingerprint, "float32"
+    )
+    staging = tmp_path / ".staging" / f"shard_0-{key}"
+    staging.mkdir(parents=True)
+    for i in (0, 1, 2, 4):
+        shutil.copy(root / "shard_0" / hs.file_name(i), staging / hs.file_name(i))
+    # Row 3: truncated by the kill. Row 5: missing. A folder from other settings is dropped.
+    blob = (root / "shard_0" / hs.file_name(3)).read_bytes()
+    (staging / hs.file_name(3)).write_bytes(blob[: len(blob) // 2])
+    other = tmp_path / ".staging" / "shard_0-0000000000000000"
+    other.mkdir()
+    inodes = {i: (staging / hs.file_name(i)).stat().st_ino for i in (0, 1, 2, 4)}
+
+    manifest = hs.extract_shard(
+        path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
+        dtype="float32", threads=1, enforce_eager=True,
+    )
+    assert manifest["reused_rows"] == 4 and manifest["extracted_rows"] == 2
+    for i, ino in inodes.items():
+        assert (tmp_path / "shard_0" / hs.file_name(i)).stat().st_ino == ino
+    for i in range(NUM_ROWS):
+        hs.validate_hidden_state_file(tmp_path / "shard_0" / hs.file_name(i), ids[i], 4, 128, row=i)
+    assert not other.exists() and not staging.exists()
+
+
+def test_staging_key_depends_on_settings(tiny_model):
+    base = hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32")
+    assert base == hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32")
+    assert base != hs.staging_key(tiny_model, [1, 4, 5, 8], "fp", "float32")
+    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "other", "float32")
+    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "bfloat16")
+
+
+def _write(path, hidden, tokens):
+    save_file({"hidden_states": hidden, "token_ids": torch.tensor(tokens)}, str(path))
+
+
+def test_validation_catches_broken_files(tmp_path):
+    ids = [5, 6, 7, 8]
+    good = tmp_path / "hs_7.safetensors"
+    _write(good, torch.randn(4, 3, 16), ids)
+    assert hs.validate_hidden_state_file(good, ids, 3, 16, row=7) == 4
+
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-10])
+    with pytest.raises(hs.HiddenStateFileError, match=r"truncated.safetensors \(dataset row 7\).*cannot be opened"):
+        hs.validate_hidden_state_file(truncated, ids, 3, 16, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="missing"):
+        hs.validate_hidden_state_file(tmp_path / "absent.safetensors", ids, 3, 16, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="first difference at position 2"):
+        hs.validate_hidden_state_file(good, [5, 6, 9, 8], 3, 16, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="token ids differ"):
+        hs.validate_hidden_state_file(good, ids[:3], 3, 16, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="3 extracted layers|4 extracted layers"):
+        hs.validate_hidden_state_file(good, ids, 4, 16, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="expected"):
+        hs.validate_hidden_state_file(good, ids, 3, 32, row=7)
+    with pytest.raises(hs.HiddenStateFileError, match="dtype"):
+        hs.validate_hidden_state_file(good, ids, 3, 16, row=7, dtype="bfloat16")
+    for bad_value in (float("nan"), float("inf")):
+        bad = tmp_path / "bad.safetensors"
+        hidden = torch.randn(4, 3, 16)
+        hidden[2, 1, 5] = bad_value
+        _write(bad, hidden, ids)
+        with pytest.raises(hs.HiddenStateFileError, match="non-finite"):
+            hs.validate_hidden_state_file(bad, ids, 3, 16, row=7)
+    short = tmp_path / "short.safetensors"
+    _write(short, torch.randn(3, 3, 16), ids)
+    with pytest.raises(hs.HiddenStateFileError, match="doesn't match num tokens"):
+        hs.validate_hidden_state_file(short, ids, 3, 16, row=7)
+
+
+@pytest.mark.parametrize("num_rows,n", [(10, 3), (2, 5), (0, 2), (7, 1), (100, 7)])
+def test_shards_cover_every_row_once(num_rows, n):
+    ranges = [hs.shard_rows(num_rows, k, n) for k in range(n)]
+    rows = [r for rg in ranges for r in rg]
+    assert rows == list(range(num_rows))
+    sizes = [len(rg) for rg in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_index_out_of_range():
+    with pytest.raises(ValueError, match="shard 3 of 3"):
+        hs.shard_rows(10, 3, 3)
+
+
+def _fake_shard(root, k, n, num_rows, extracted=(2, 4)):
+    d = root / f"shard_{k}"
+    d.mkdir()
+    rows = hs.shard_rows(num_rows, k, n)
+    for r in rows:
+        _write(d / hs.file_name(r), torch.zeros(2, len(extracted), 8), [1, 2])
+    (d / hs.MANIFEST).write_text(json.dumps({
+        "row_start": rows.start, "row_stop": rows.stop, "dataset_rows": num_rows,
+        "dataset_fingerprint": "fp", "layer_ids": {"extracted": list(extracted)}, "dtype": "float32",
+    }))
+    return d
+
+
+def test_view_links_every_row_once(tmp_path):
+    shards = [_fake_shard(tmp_path, k, 3, 8) for k in range(3)]
+    hs.build_view(shards, tmp_path / "all")
+    links = sorted((tmp_path / "all").glob("hs_*.safetensors"), key=lambda p: int(p.stem[3:]))
+    assert [p.name for p in links] == [hs.file_name(i) for i in range(8)]
+    for p in links:
+        assert p.is_symlink() and not os.path.isabs(os.readlink(p))
+        assert load_file(p)["token_ids"].tolist() == [1, 2]
+    # The links stay valid when results/ moves as a whole.
+    shutil.move(tmp_path, tmp_path.parent / "moved")
+    try:
+        assert load_file(tmp_path.parent / "moved" / "all" / hs.file_name(7))["token_ids"].tolist() == [1, 2]
+    finally:
+        shutil.move(tmp_path.parent / "moved", tmp_path)
+
+
+def test_view_rejects_missing_and_duplicate_rows(tmp_path):
+    s0 = _fake_shard(tmp_path, 0, 2, 6)
+    with pytest.raises(ValueError, match="3 of 6 dataset rows are in no shard"):
+        hs.build_view([s0], tmp_path / "all")
+    with pytest.raises(ValueError, match="dataset row 0 is in two shards"):
+        hs.build_view([s0, s0], tmp_path / "all")
+    s1 = _fake_shard(tmp_path, 1, 2, 6, extracted=(1, 4))
+    with pytest.raises(ValueError, match="another dataset or layer setting"):
+        hs.build_view([s0, s1], tmp_path / "all")
+    (s0 / hs.file_name(1)).unlink()
+    with pytest.raises(FileNotFoundError, match="hs_1.safetensors is missing"):
+        hs.build_view([s0], tmp_path / "all")
+    assert not (tmp_path / "all").exists()
+
+
+def test_view_of_real_shard(extracted, tmp_path):
+    root, _ = extracted
+    view = root / "all"
+    hs.build_view([root / "shard_0"], view)
+    assert len(list(view.glob("hs_*.safetensors"))) == NUM_ROWS
+    assert os.readlink(view / hs.file_name(0)) == os.path.join("..", "shard_0", hs.file_name(0))
+
+
+def test_layer_ids_from_another_target_are_rejected(tiny_model):
+    info = hs.target_info(tiny_model)
+    with pytest.raises(ValueError, match="rerun the layer_ids rule"):
+        hs.check_layer_ids({"aux": [2], "extracted": [2, 30], "num_hidden_layers": 30}, info)

@@ -1,0 +1,135 @@
+"""Regeneration end to end with real vLLM CPU on the tiny model (one engine for the module)."""
+
+import json
+
+import pytest
+
+from draftline.regenerate import RegenerateSettings, create_llm, parse_conversation, regenerate
+
+SETTINGS = RegenerateSettings(max_new_tokens=6, max_model_len=160, enforce_eager=True, threads=1)
+
+ROWS = [
+    {
+        "id": "multi",
+        "source": "set-a",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "DATASET ANSWER ONE"},
+            {"role": "user", "content": "And of Italy?"},
+            {"role": "assistant", "content": "DATASET ANSWER TWO"},
+        ],
+    },
+    {"id": "single", "source": "set-b", "messages": [{"role": "user", "content": "Explain how a hash table works."}]},
+    {
+        "id": "trailing-user",
+        "source": "set-b",
+        "messages": [
+            {"role": "user", "content": "Hello!"},
+            {"role": "assistant", "content": "DATASET ANSWER THREE"},
+            {"role": "user", "content": "Write a short poem about the sea."},
+        ],
+    },
+    # first prompt alone overflows max_model_len: left out and counted
+    {"id": "too-long", "source": "set-b", "messages": [{"role": "user", "content": "apples, pears, plums; " * 80}]},
+    # second prompt overflows: kept with its first answer only, counted
+    {
+        "id": "shortened",
+        "source": "set-c",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "DATASET ANSWER FOUR"},
+            {"role": "user", "content": "apples, pears, plums; " * 80},
+        ],
+    },
+]
+# which conversations each LLM.chat call answers, in order
+BATCHES = [["multi", "single", "trailing-user", "shortened"], ["multi", "trailing-user"]]
+
+
+class RecordingLLM:
+    """The real engine, with every chat() call's prompts and outputs kept for the assertions."""
+
+    def __init__(self, llm):
+        self.llm, self.calls = llm, []
+
+    def get_tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def chat(self, prompts, params, **kwargs):
+        outputs = self.llm.chat(prompts, params, **kwargs)
+        self.calls.append((prompts, outputs))
+        return outputs
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    engine = create_llm(tiny_model, SETTINGS)
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="module")
+def run(llm, tiny_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("regen")
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    recorder = RecordingLLM(llm)
+    summary = regenerate(
+        tiny_model, folder / "prompts.jsonl", folder / "conversations.jsonl", folder / "summary.json", SETTINGS, llm=recorder
+    )
+    rows = [json.loads(line) for line in (folder / "conversations.jsonl").read_text().splitlines()]
+    return rows, summary, recorder.calls, folder
+
+
+def test_rows_keep_ids_and_answers_replace_the_datasets(run):
+    rows, summary, _, _ = run
+    assert [r["id"] for r in rows] == ["multi", "single", "trailing-user", "shortened"]
+    assert [r["source"] for r in rows] == ["set-a", "set-b", "set-b", "set-c"]
+    for row, original in zip(rows[:3], ROWS):
+        roles = [m["role"] for m in row["messages"]]
+        users = [m["content"] for m in original["messages"] if m["role"] == "user"]
+        assert [m["content"] for m in row["messages"] if m["role"] == "user"] == users
+        assert roles[-1] == "assistant" and roles.count("assistant") == len(users)  # trailing user answered
+    assert not any(m["content"].startswith("DATASET ANSWER") for r in rows for m in r["messages"])
+    assert [m["role"] for m in rows[3]["messages"]] == ["user", "assistant"]
+    assert summary["rows_in"] == 5 and summary["rows_out"] == 4
+    assert summary["rows_skipped_prompt_too_long"] == 1 and summary["rows_shortened_prompt_too_long"] == 1
+    assert summary["turns_generated"] == 6
+
+
+def test_turns_are_batched_and_later_turns_see_the_targets_own_answers(run):
+    rows, _, calls, _ = run
+    assert [len(prompts) for prompts, _ in calls] == [len(b) for b in BATCHES]
+    by_id = {r["id"]: r["messages"] for r in rows}
+    second_turn = dict(zip(BATCHES[1], calls[1][0]))
+    assert second_turn["multi"][0]["role"] == "system"
+    # the target's own first answer (as written to the output), not the dataset's
+    assert second_turn["multi"][2] == {"role": "assistant", "content": by_id["multi"][2]["content"]}
+    assert second_turn["trailing-user"][1] == {"role": "assistant", "content": by_id["trailing-user"][1]["content"]}
+    assert calls[0][1][0].outputs[0].text == by_id["multi"][2]["content"] != "DATASET ANSWER ONE"
+
+
+def test_answers_and_truncated_flag_follow_vllm_outputs(run):
+    rows, summary, calls, _ = run
+    by_id = {r["id"]: [m for m in r["messages"] if m["role"] == "assistant"] for r in rows}
+    truncated = 0
+    for turn, (ids, (_, outputs)) in enumerate(zip(BATCHES, calls)):
+        for rid, output in zip(ids, outputs, strict=True):
+            answer, completion = by_id[rid][turn], output.outputs[0]
+            assert answer["content"] == completion.text
+            assert answer.get("truncated", False) == (completion.finish_reason == "length")
+            assert "truncated" not in answer or answer["truncated"] is True
+            truncated += completion.finish_reason == "length"
+    # a random tiny model almost never stops within 6 tokens, so the flag is exercised
+    assert truncated == summary["answers_truncated"] >= 1
+
+
+def test_summary_file_matches(run):
+    _, summary, _, folder = run
+    assert json.loads((folder / "summary.json").read_text()) == summary
+    assert summary["generated_tokens"] > 0
+
+
+def test_bad_row_names_file_line_and_id():
+    with pytest.raises(ValueError, match=r"f.jsonl:3 \(id 'x'\): messages\[1\] has role 'user'"):
+        parse_conversation({"id": "x", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, "f.jsonl:3")

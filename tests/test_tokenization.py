@@ -1,0 +1,182 @@
+"""Assistant-only loss masks, checked token by token against the rendered text."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from draftline.tokenization import (
+    TemplateError,
+    TokenizeSettings,
+    load_tokenizer,
+    stop_token_ids,
+    tokenize,
+    tokenize_conversation,
+)
+
+END = "<|im_end|>"
+
+MULTI_TURN = [
+    {"role": "system", "content": "You are terse. Réponds en français."},
+    {"role": "user", "content": "Unicode: café, naïve, Grüße, 日本語 🙂?"},
+    {"role": "assistant", "content": "Oui: café 🙂, 日本語 and ß."},
+    {"role": "user", "content": "And a second question?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+]
+
+
+def expected_char_mask(text: str, messages: list[dict]) -> list[bool]:
+    """Oracle from the rendered text alone: each answer's characters and the end-of-turn marker after it."""
+    chars = [False] * len(text)
+    pos = 0
+    for m in messages:
+        start = text.index(m["content"], pos)
+        pos = start + len(m["content"])
+        if m["role"] != "assistant":
+            continue
+        end = pos if m.get("truncated") else pos + len(END)
+        assert m.get("truncated") or text[pos:end] == END
+        chars[start:end] = [True] * (end - start)
+    return chars
+
+
+def assert_mask_matches_text(tokenizer, messages, tokenized):
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert tokenized.input_ids == enc["input_ids"], "the conversation must tokenize exactly as its rendered text"
+    chars = expected_char_mask(text, messages)
+    for k, ((a, b), bit) in enumerate(zip(enc["offset_mapping"], tokenized.loss_mask, strict=True)):
+        piece = text[a:b]
+        expected = all(chars[a:b])
+        assert bit == expected, f"token {k} {piece!r}: mask {bit}, expected {int(expected)}"
+    # everything the user/system wrote and the template added is out of the mask
+    trained = tokenizer.decode([t for t, m in zip(tokenized.input_ids, tokenized.loss_mask) if m])
+    for m in messages:
+        if m["role"] != "assistant":
+            assert m["content"] not in trained
+    assert "<|im_start|>" not in trained and "assistant\n" not in trained
+
+
+@pytest.fixture(scope="module")
+def chatml(tiny_model):
+    tokenizer = load_tokenizer(tiny_model)
+    return tokenizer, stop_token_ids(tiny_model, tokenizer)
+
+
+def test_chatml_without_tags_masks_only_answers_and_their_end_token(chatml):
+    tokenizer, stop = chatml
+    assert "{% generation %}" not in tokenizer.chat_template
+    tokenized = tokenize_conversation(tokenizer, MULTI_TURN, stop)
+    assert_mask_matches_text(tokenizer, MULTI_TURN, tokenized)
+    # both answers end with a trained <|im_end|>; the newline the template writes after it is not trained
+    end_id = tokenizer.convert_tokens_to_ids(END)
+    trained_ends = [k for k, t in enumerate(tokenized.input_ids) if t == end_id and tokenized.loss_mask[k]]
+    assert len(trained_ends) == 2
+    assert all(tokenized.loss_mask[k + 1] == 0 for k in trained_ends)
+
+
+def test_truncated_answer_keeps_template_end_out_of_the_mask(chatml):
+    tokenizer, stop = chatml
+    messages = [*MULTI_TURN[:-1], {**MULTI_TURN[-1], "truncated": True}]
+    tokenized = tokenize_conversation(tokenizer, messages, stop)
+    assert_mask_matches_text(tokenizer, messages, tokenized)
+    assert tokenized.input_ids[-2] == tokenizer.convert_tokens_to_ids(END)
+    assert tokenized.loss_mask[-3:] == [1, 0, 0]  # last content token in; <|im_end|> and "\n" out
+
+
+def test_trailing_user_turn_is_not_rendered(chatml):
+    tokenizer, stop = chatml
+    with_trailing = tokenize_conversation(tokenizer, [*MULTI_TURN, {"role": "user", "content": "unanswered"}], stop)
+    assert with_trailing == tokenize_conversation(tokenizer, MULTI_TURN, stop)
+    assert tokenize_conversation(tokenizer, MULTI_TURN[:2], stop).input_ids == []
+
+
+def test_generation_tag_template_agrees_with_prefix_mask(tiny_model_generation_tags):
+    tokenizer = load_tokenizer(tiny_model_generation_tags)
+    assert "{% generation %}" in tokenizer.chat_template
+    tokenized = tokenize_conversation(tokenizer, MULTI_TURN, stop_token_ids(tiny_model_generation_tags, tokenizer))
+    template_mask = tokenizer.apply_chat_template(
+        MULTI_TURN, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assert template_mask["input_ids"] == tokenized.input_ids
+    assert template_mask["assistant_masks"] == tokenized.loss_mask
+    assert_mask_matches_text(tokenizer, MULTI_TURN, tokenized)
+
+
+def test_template_that_rerenders_history_fails_naming_the_row(chatml):
+    tokenizer, stop = chatml
+    # renders the last message differently, so a prefix render is not a prefix of the whole
+    unstable = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "{% if loop.last %} (latest){% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="row 'conv-7'.*prefix"):
+        tokenize_conversation(tokenizer, MULTI_TURN, stop, chat_template=unstable, row_id="conv-7")
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model, tmp_path):
+    from datasets import load_from_disk
+
+    long_answer = "The sea is wide and blue and deep. " * 40
+    rows = [
+        {"id": "a", "source": "s", "messages": MULTI_TURN},
+        {"id": "long", "source": "s", "messages": [{"role": "user", "content": "Write a poem."}, {"role": "assistant", "content": long_answer}]},
+        {"id": "no-answer", "source": "s", "messages": [{"role": "user", "content": "Hello?"}]},
+        {"id": "short", "source": "s", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok", "truncated": True}]},
+    ]
+    conversations = tmp_path / "conversations.jsonl"
+    write_rows(conversations, rows)
+    out = tmp_path / "tokenized"
+    settings = TokenizeSettings(max_seq_len=128, min_trainable_tokens=3)
+    summary = tokenize(tiny_model, conversations, out / "dataset", out / "token_freq.pt", out / "summary.json", settings)
+
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert summary["rows_in"] == 4
+    assert summary["ids"] == ["a", "long"]  # dataset row i is ids[i], input order kept
+    assert summary["rows_truncated"] == 1 and summary["tokens_cut_by_truncation"] > 0
+    assert summary["trainable_tokens_cut_by_truncation"] > 0
+    assert summary["rows_dropped_few_trainable_tokens"] == 2  # no answer; one truncated 1-token answer
+    assert summary["answers_truncated_at_generation"] == 1
+
+    dataset = load_from_disk(str(out / "dataset")).with_format(None)
+    assert set(dataset.column_names) == {"input_ids", "loss_mask", "seq_len"}
+    assert dataset["seq_len"][1] == 128
+    assert summary["total_tokens"] == sum(dataset["seq_len"])
+    assert summary["trainable_tokens"] == sum(sum(m) for m in dataset["loss_mask"])
+
+    # token_freq counts exactly the trained tokens
+    expected = Counter()
+    for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
+        expected.update(t for t, m in zip(ids, mask) if m)
+    freq = torch.load(out / "token_freq.pt", weights_only=True)
+    assert freq == dict(expected)
+    tokenizer = load_tokenizer(tiny_model)
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") not in freq
+
+    # a second run on other data recounts (speculators would silently reuse an existing file)
+    write_rows(conversations, rows[1:2])
+    tokenize(tiny_model, conversations, out / "dataset", out / "token_freq.pt", out / "summary.json", settings)
+    assert torch.load(out / "token_freq.pt", weights_only=True) != freq
+    assert [p.name for p in tmp_path.joinpath("tokenized").iterdir() if p.name.startswith(".")] == []
+
+
+def test_nothing_trainable_is_an_error(tiny_model, tmp_path):
+    conversations = tmp_path / "c.jsonl"
+    write_rows(conversations, [{"id": "x", "source": "s", "messages": [{"role": "user", "content": "Hi"}]}])
+    with pytest.raises(ValueError, match="no conversation has >= 1 trainable"):
+        tokenize(tiny_model, conversations, tmp_path / "d", tmp_path / "f.pt", tmp_path / "s.json", TokenizeSettings())
+    assert not (tmp_path / "d").exists() and not (tmp_path / "s.json").exists()
+
+
+def test_empty_answer_trains_only_its_end_token(chatml):
+    tokenizer, stop = chatml
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
+    tokenized = tokenize_conversation(tokenizer, messages, stop)
+    trained = [t for t, m in zip(tokenized.input_ids, tokenized.loss_mask) if m]
+    assert trained == [tokenizer.convert_tokens_to_ids(END)]
