@@ -95,7 +95,7 @@ def main() -> None:
         t0 = time.perf_counter()
         llm = hs.make_llm(target, **common, **hs.extraction_engine_kwargs(target, extracted, scratch, dtype))
         load_extract = time.perf_counter() - t0
-        extractor = hs.Extractor(llm, scratch, len(extracted), info.hidden_size, dtype)
+        extractor = hs.Extractor(llm, len(extracted), info.hidden_size, dtype)
 
         def run_prefill() -> None:
             from vllm import SamplingParams
@@ -112,13 +112,17 @@ def main() -> None:
         run_prefill()
         run_extract()
         times: dict[str, list[float]] = {"prefill": [], "extract": []}
+        parts: dict[str, list[float]] = {"generate": [], "wait_validate_move": []}
         for rep in range(args.repeats):
             for name, fn in (("prefill", run_prefill), ("extract", run_extract)):
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
+            parts["generate"].append(round(extractor.generate_s, 3))
+            parts["wait_validate_move"].append(round(extractor.files_s, 3))
             print(f"repeat {rep}: prefill {tokens / times['prefill'][-1]:.0f} tok/s, "
-                  f"extract {tokens / times['extract'][-1]:.0f} tok/s", flush=True)
+                  f"extract {tokens / times['extract'][-1]:.0f} tok/s (generate "
+                  f"{extractor.generate_s:.2f} s, wait+validate+move {extractor.files_s:.2f} s)", flush=True)
         file_bytes = sum(f.stat().st_size for f in dest.iterdir())
         hs.shutdown_llm(prefill)
         hs.shutdown_llm(llm)
@@ -139,6 +143,7 @@ def main() -> None:
         "threads": args.threads,
         "repeats": args.repeats,
         "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+        "extract_seconds_split": parts,
         "prefill_tokens_per_s": round(tps["prefill"], 1),
         "extract_tokens_per_s": round(tps["extract"], 1),
         "ratio": round(ratio, 3),
@@ -175,6 +180,9 @@ def _markdown(r: dict) -> str:
         f"| plain prefill (max_tokens=1) | {r['prefill_tokens_per_s']} | {r['seconds']['prefill']} |",
         f"| extraction (generate + wait + validate + move) | {r['extract_tokens_per_s']} | "
         f"{r['seconds']['extract']} |",
+        f"| - of which generate | | {r['extract_seconds_split']['generate']} |",
+        f"| - of which wait for write + validate + move | | "
+        f"{r['extract_seconds_split']['wait_validate_move']} |",
         "",
         f"**ratio {r['ratio']}** (target >= {TARGET_RATIO}: {'met' if r['meets_target'] else 'NOT met'}); "
         f"{r['bytes_per_token']} bytes/token on disk; engine load {r['engine_load_s']} s",

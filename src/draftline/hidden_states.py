@@ -260,9 +260,8 @@ def shutdown_llm(llm) -> None:
 class Extractor:
     """Runs rows through an extraction engine; each validated file lands in `dest_dir`."""
 
-    def __init__(self, llm, scratch_dir: Path, n_layers: int, hidden_size: int, dtype: str):
+    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str):
         self.llm = llm
-        self.scratch_dir = scratch_dir
         self.n_layers = n_layers
         self.hidden_size = hidden_size
         self.dtype = dtype
@@ -463,7 +462,7 @@ def _extract_rows(todo, ids_by_row, target: TargetInfo, extracted, staging: Path
     )
     load_s = time.perf_counter() - t0
     log.info("engine ready in %.1f s", load_s)
-    extractor = Extractor(llm, scratch, len(extracted), target.hidden_size, dtype)
+    extractor = Extractor(llm, len(extracted), target.hidden_size, dtype)
     tokens, done, t1 = 0, 0, time.perf_counter()
     try:
         for i in range(0, len(todo), chunk_rows):

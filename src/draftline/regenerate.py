@@ -22,6 +22,9 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
+# Left free after each answer for the end-of-turn tokens the template appends, so the rendered
+# conversation still fits tokenize.max_seq_len and tokenization cuts nothing the target wrote.
+END_OF_TURN_ROOM = 8
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def regenerate_conversations(llm, conversations: list[_Conversation], settings: 
             if conv.stopped_at is not None or turn >= len(conv.users):
                 continue
             messages = conv.context(turn)
-            room = settings.max_model_len - _prompt_len(tokenizer, messages, chat_template)
+            room = settings.max_model_len - _prompt_len(tokenizer, messages, chat_template) - END_OF_TURN_ROOM
             if room < 1:
                 conv.stopped_at = turn
                 continue
