@@ -133,3 +133,37 @@ def test_summary_file_matches(run):
 def test_bad_row_names_file_line_and_id():
     with pytest.raises(ValueError, match=r"f.jsonl:3 \(id 'x'\): messages\[1\] has role 'user'"):
         parse_conversation({"id": "x", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, "f.jsonl:3")
+
+
+@pytest.mark.slow
+def test_embedded_target_trained_tokens_are_exactly_what_it_generated(tmp_path_factory):
+    """SmolLM2 (ChatML, no generation tags): regenerate, tokenize, and the loss mask covers the
+    target's own answer tokens, stop token included for complete answers, nothing else."""
+    from datasets import load_from_disk
+
+    from draftline.target_model import materialize_embedded
+    from draftline.tokenization import TokenizeSettings, tokenize
+
+    folder = tmp_path_factory.mktemp("embedded")
+    target = materialize_embedded(folder / "target")
+    prompts = folder / "prompts.jsonl"
+    rows = [{"id": f"q{i}", "source": "t", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(
+        ["What is the capital of France?", "Write a haiku about rain.", "Who wrote Hamlet?", "What is recursion?"]
+    )]
+    rows.append(ROWS[0])  # multi-turn with a system prompt
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = RegenerateSettings(max_new_tokens=24, max_model_len=512, threads=1)
+    recorder = RecordingLLM(create_llm(target, settings))
+    regenerate(target, prompts, folder / "conv.jsonl", folder / "regen.json", settings, llm=recorder)
+    summary = tokenize(target, folder / "conv.jsonl", folder / "ds", folder / "freq.pt", folder / "tok.json", TokenizeSettings(max_seq_len=512))
+
+    generated = {}  # id -> the target's token ids, turn after turn
+    batches = [[r["id"] for r in rows], [rows[-1]["id"]]]
+    for ids, (_, outputs) in zip(batches, recorder.calls, strict=True):
+        for rid, output in zip(ids, outputs, strict=True):
+            generated.setdefault(rid, []).extend(output.outputs[0].token_ids)
+    dataset = load_from_disk(str(folder / "ds")).with_format(None)
+    assert summary["ids"] == [r["id"] for r in rows]
+    assert summary["answers_truncated_at_generation"] >= 1  # both kinds of answer are covered
+    for rid, ids, mask in zip(summary["ids"], dataset["input_ids"], dataset["loss_mask"]):
+        assert [t for t, m in zip(ids, mask) if m] == generated[rid], rid

@@ -243,22 +243,29 @@ def test_optimizer_auto_is_adamw_on_cpu_and_muon_on_cuda():
 
 
 VLLM_CHECK = r"""
-import json, os, sys
+import json, sys
+
 from vllm import LLM, SamplingParams
 
-target, draft = sys.argv[1], sys.argv[2]
-prompts = ["Tell me about the sea.", "Here is something about", "The capital of France"]
-params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-result = {}
-for name, spec in [("spec", {"method": "eagle3", "model": draft, "num_speculative_tokens": 2}), ("plain", None)]:
-    llm = LLM(model=target, speculative_config=spec, disable_log_stats=False, enforce_eager=True,
-              dtype="float32", max_model_len=512)
-    result[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-    if spec:
-        result["metrics"] = {m.name: getattr(m, "value", None) for m in llm.get_metrics()
-                             if m.name.startswith("vllm:spec_decode")}
-    del llm
-print("RESULT " + json.dumps(result), flush=True)
+
+def main(target, draft):
+    prompts = ["Tell me about the sea.", "Here is something about", "The capital of France"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    result = {}
+    spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": 2}
+    for name, speculative_config in [("spec", spec), ("plain", None)]:
+        llm = LLM(model=target, speculative_config=speculative_config, disable_log_stats=False,
+                  enforce_eager=True, dtype="float32", max_model_len=512)
+        result[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        if speculative_config:
+            result["metrics"] = {m.name: getattr(m, "value", None) for m in llm.get_metrics()
+                                 if m.name.startswith("vllm:spec_decode")}
+        del llm
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process
+    main(sys.argv[1], sys.argv[2])
 """
 
 

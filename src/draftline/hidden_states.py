@@ -29,6 +29,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -279,6 +280,12 @@ class Extractor:
         t0 = time.perf_counter()
         outputs = self.generate(token_ids)
         self.generate_s = time.perf_counter() - t0
+        tokens = self.finish(rows, token_ids, outputs, dest_dir)
+        self.files_s = time.perf_counter() - t0 - self.generate_s
+        return tokens
+
+    def finish(self, rows, token_ids, outputs, dest_dir: Path) -> int:
+        """Wait for each output's file, validate it, move it to `dest_dir/hs_<row>`; return tokens."""
         tokens = 0
         for row, ids, out in zip(rows, token_ids, outputs, strict=True):
             path = (out.kv_transfer_params or {}).get("hidden_states_path")
@@ -293,7 +300,6 @@ class Extractor:
             )
             os.chmod(path, 0o644)  # safetensors writes 0600; the files are shared data
             os.replace(path, dest_dir / file_name(row))
-        self.files_s = time.perf_counter() - t0 - self.generate_s
         return tokens
 
 
@@ -446,6 +452,37 @@ def extract_shard(
     return manifest
 
 
+def run_chunks(extractor: Extractor, rows: Sequence[int], ids_by_row, dest_dir: Path,
+               chunk_rows: int = 64) -> int:
+    """Extract `rows` in chunks into `dest_dir`, logging progress; return the token count.
+
+    Reading back and validating chunk i overlaps with the engine computing chunk i+1.
+    """
+    progress = {"rows": 0, "tokens": 0}
+    t0 = time.perf_counter()
+
+    def finish(chunk, ids, outputs) -> None:
+        progress["tokens"] += extractor.finish(chunk, ids, outputs, dest_dir)
+        progress["rows"] += len(chunk)
+        elapsed = time.perf_counter() - t0
+        eta = (len(rows) - progress["rows"]) * elapsed / progress["rows"]
+        log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s", progress["rows"], len(rows),
+                 progress["tokens"], progress["tokens"] / elapsed, eta)
+
+    pending = None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for i in range(0, len(rows), chunk_rows):
+            chunk = list(rows[i : i + chunk_rows])
+            ids = [ids_by_row[r] for r in chunk]
+            outputs = extractor.generate(ids)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(finish, chunk, ids, outputs)
+        if pending is not None:
+            pending.result()
+    return progress["tokens"]
+
+
 def _extract_rows(todo, ids_by_row, target: TargetInfo, extracted, staging: Path, *, dtype, threads,
                   enforce_eager, chunk_rows, gpu_memory_utilization, trust_remote_code) -> tuple[int, float, float]:
     configure_vllm_cpu(threads)
@@ -463,17 +500,9 @@ def _extract_rows(todo, ids_by_row, target: TargetInfo, extracted, staging: Path
     load_s = time.perf_counter() - t0
     log.info("engine ready in %.1f s", load_s)
     extractor = Extractor(llm, len(extracted), target.hidden_size, dtype)
-    tokens, done, t1 = 0, 0, time.perf_counter()
+    t1 = time.perf_counter()
     try:
-        for i in range(0, len(todo), chunk_rows):
-            chunk = todo[i : i + chunk_rows]
-            tokens += extractor.extract(chunk, [ids_by_row[r] for r in chunk], staging)
-            done += len(chunk)
-            elapsed = time.perf_counter() - t1
-            rate = tokens / elapsed if elapsed > 0 else 0.0
-            eta = (len(todo) - done) * elapsed / done
-            log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s",
-                     done, len(todo), tokens, rate, eta)
+        tokens = run_chunks(extractor, todo, ids_by_row, staging, chunk_rows)
     finally:
         shutdown_llm(llm)
     shutil.rmtree(scratch, ignore_errors=True)

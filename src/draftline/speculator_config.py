@@ -101,6 +101,19 @@ def build_speculator_config(
     )
 
 
+def _essentials(config) -> dict:
+    """The fields training and vLLM depend on (transformers versions differ in the rest)."""
+    tl = config.transformer_layer_config
+    return {
+        "type": config.speculators_model_type,
+        "draft_vocab_size": config.draft_vocab_size,
+        "aux": config.eagle_aux_hidden_state_layer_ids,
+        "layer": (tl.model_type, tl.num_hidden_layers, tl.hidden_size, tl.vocab_size, tl.head_dim),
+        "verifier": config.speculators_config.verifier.name_or_path,
+        "speculative_tokens": config.speculators_config.proposal_methods[0].speculative_tokens,
+    }
+
+
 def write_speculator_config(
     out_dir: str | Path,
     target: str | Path,
@@ -113,6 +126,9 @@ def write_speculator_config(
     """Publish `out_dir/config.json` (and nothing else: a config-only folder)."""
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
+    # A local target is recorded by absolute path: speculators reloads the verifier (its
+    # embeddings, layer count) from config.json at training and load time, from any cwd.
+    target = str(Path(target).resolve()) if Path(target).exists() else str(target)
     layer_ids = json.loads(Path(layer_ids_path).read_text())
     try:
         aux = [int(i) for i in layer_ids["aux"]]
@@ -132,8 +148,11 @@ def write_speculator_config(
             raise RuntimeError(f"save_pretrained wrote more than config.json: {extra}")
         # Checked before publishing: speculators must read back what it will train from.
         loaded = Eagle3SpeculatorConfig.from_pretrained(staging)
-        if loaded.to_dict() != config.to_dict():
-            raise RuntimeError("speculator config does not round-trip through from_pretrained")
+        if _essentials(loaded) != _essentials(config):
+            raise RuntimeError(
+                f"speculator config does not round-trip through from_pretrained: wrote "
+                f"{_essentials(config)}, read back {_essentials(loaded)}"
+            )
     tl = config.transformer_layer_config
     log.info(
         "eagle3 config: %d draft layer(s), hidden %d, draft vocab %d of %d, aux layers %s, verifier %s",

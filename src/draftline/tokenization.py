@@ -90,8 +90,8 @@ def tokenize_conversation(
             raise TemplateError(
                 f"row {row_id!r}, assistant message {i}: the chat template is not prefix-stable (rendering the "
                 "conversation up to this answer does not tokenize to a prefix of the whole conversation), so "
-                "the answer's tokens cannot be located. Use a template that renders earlier turns unchanged "
-                "(target.chat_template) or one with {% generation %} tags."
+                "the answer's tokens cannot be located. Set target.chat_template to a template that renders "
+                "earlier turns the same way whatever follows them."
             )
         start, end = len(prompt_ids), len(turn_ids)
         content_end = _content_end_token(turn_text, offsets, start, end, message["content"])

@@ -226,7 +226,9 @@ def val_losses(metrics_path: Path) -> dict[int, float]:
 
 
 def train_throughput(metrics_path: Path) -> dict:
+    """Tokens/s over all logged steps, and the median step's (without start-up/compile steps)."""
     tokens = seconds = 0.0
+    rates: list[float] = []
     if metrics_path.exists():
         for line in metrics_path.read_text().splitlines():
             try:
@@ -234,10 +236,19 @@ def train_throughput(metrics_path: Path) -> dict:
             except json.JSONDecodeError:
                 continue
             profile = record.get("profile") or {}
-            step_s = profile.get("step_ms", 0.0) / 1000
+            if "step_ms" not in profile:
+                continue
+            step_s = profile["step_ms"] / 1000
             seconds += step_s
             tokens += profile.get("tokens_per_s", 0.0) * step_s
-    return {"tokens": round(tokens), "step_seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
+            rates.append(profile.get("tokens_per_s", 0.0))
+    rates.sort()
+    return {
+        "tokens": round(tokens),
+        "step_seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        "median_step_tokens_per_s": round(rates[len(rates) // 2], 1) if rates else None,
+    }
 
 
 def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[int, float]) -> tuple[int, str]:
@@ -384,7 +395,7 @@ def train(
 
     cuda = torch.cuda.is_available() and gpus > 0
     if gpus > 0 and not torch.cuda.is_available():
-        log.warning("the rule asked for %d GPU(s) but CUDA is not available: training on the CPU", gpus)
+        log.info("no CUDA here (the job was given %d GPU(s)): training on the CPU", gpus)
     world_size = min(gpus, torch.cuda.device_count()) if cuda else 1
     optimizer = resolve_optimizer(settings.optimizer, cuda)
     facts = check_inputs(inputs)

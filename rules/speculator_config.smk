@@ -1,0 +1,21 @@
+# The draft's architecture: an eagle3 speculator config.json built the way `speculators train`
+# builds one; a folder holding only it makes the Trainer initialise fresh weights.
+
+
+rule speculator_config:
+    input:
+        target=target_input(),
+        layer_ids="results/target/layer_ids.json",
+        code=code("speculator_config", "vocab"),
+    output:
+        directory("results/config"),
+    log:
+        "logs/speculator_config.log",
+    threads: 1
+    params:
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        num_layers=config["draft"]["num_layers"],
+        ttt_steps=config["train"]["ttt_steps"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/speculator_config.py"

@@ -1,0 +1,32 @@
+# Training with speculators' own Trainer: torchrun with one process per GPU on CUDA, the same
+# Trainer through narrow CPU shims otherwise. Epoch checkpoints live in
+# results/checkpoint/runs/<run key>/ (not an output, so Snakemake keeps them across a killed
+# job's rerun, which resumes there); the key changes with any setting or input, so a changed
+# run never resumes a stale one. final/ is the best-validation epoch (or the last).
+
+
+rule train:
+    input:
+        config="results/config",
+        d2t="results/vocab/d2t.npy",
+        t2d="results/vocab/t2d.npy",
+        dataset="results/tokenized/dataset",
+        hidden_states="results/hidden_states/all",
+        layer_ids="results/target/layer_ids.json",
+        target=target_input(),
+        code=code("train", "train_entry"),
+    output:
+        directory("results/checkpoint/final"),
+    log:
+        "logs/train.log",
+    benchmark:
+        "benchmarks/train.tsv"
+    # torch threads on CPU (AdamW, 1 thread: ~240 tok/s on SmolLM2-135M)
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        train=config["train"],
+        runs_dir="results/checkpoint/runs",
+    script:
+        "../scripts/train.py"

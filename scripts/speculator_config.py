@@ -1,0 +1,17 @@
+"""Write the eagle3 speculator config.json the Trainer starts from (see draftline.speculator_config)."""
+
+import logging
+
+from draftline.speculator_config import write_speculator_config
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    write_speculator_config(
+        snakemake.output[0],
+        snakemake.input.target,
+        snakemake.input.layer_ids,
+        snakemake.params.draft_vocab_size,
+        num_layers=snakemake.params.num_layers,
+        ttt_steps=snakemake.params.ttt_steps,
+        trust_remote_code=snakemake.params.trust_remote_code,
+    )

@@ -1,0 +1,25 @@
+"""Train the draft with speculators' Trainer (resuming a cut-short run) and publish final/ (see draftline.train)."""
+
+import logging
+
+from draftline.train import TrainInputs, TrainSettings, train
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    train(
+        TrainInputs(
+            config_dir=snakemake.input.config,
+            dataset=snakemake.input.dataset,
+            hidden_states=snakemake.input.hidden_states,
+            d2t=snakemake.input.d2t,
+            t2d=snakemake.input.t2d,
+            layer_ids=snakemake.input.layer_ids,
+            target=snakemake.input.target,
+        ),
+        TrainSettings.from_config(snakemake.params.train),
+        runs_dir=snakemake.params.runs_dir,
+        final_dir=snakemake.output[0],
+        threads=snakemake.threads,
+        # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
+        gpus=int(snakemake.resources.get("gpu", 0)),
+    )
