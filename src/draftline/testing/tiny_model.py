@@ -110,6 +110,15 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        # Zero the (tied) embeddings of special tokens and of byte pieces that are not text on
+        # their own: their logits are then 0 while the others' are random around 0, so greedy
+        # answers are printable text rather than an instant <|im_end|> or broken UTF-8.
+        unprintable = [
+            i for i in range(len(tokenizer))
+            if i in tokenizer.all_special_ids or "\ufffd" in tokenizer.decode([i])
+        ]
+        model.model.embed_tokens.weight[unprintable] = 0.0
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # generation_config.json: greedy by default, stop at <|im_end|>.

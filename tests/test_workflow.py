@@ -1,0 +1,153 @@
+"""The whole DAG through Snakemake, as a user runs it: config checks, the plan, the outputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+from workflow import REPO, planned_jobs, snakemake, write_config
+
+ALL_STAGES = {
+    "target_model": 1,
+    "layer_ids": 1,
+    "prompts": 1,
+    "regenerate": 1,
+    "tokenize": 1,
+    "hidden_states_shard": 2,
+    "hidden_states_view": 1,
+    "vocab": 1,
+    "speculator_config": 1,
+    "train": 1,
+}
+
+
+def default_workdir(tmp_path: Path) -> Path:
+    """A scratch folder with the shipped default config and prompt set."""
+    shutil.copytree(REPO / "resources" / "prompts", tmp_path / "resources" / "prompts")
+    write_config(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    return tmp_path
+
+
+def test_default_config_plans_the_whole_chain(tmp_path):
+    workdir = default_workdir(tmp_path)
+    assert planned_jobs(workdir, "results/checkpoint/final") == ALL_STAGES
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"train": {"epochz": 3}}, "epochz"),
+        ({"train": {"epochs": "three"}}, "epochs"),
+        ({"vocab": {"draft_vocab_size": 0}}, "draft_vocab_size"),
+        ({"hidden_states": {"shards": 0}}, "shards"),
+        ({"prompts": {"on_bad_row": "ignore"}}, "on_bad_row"),
+    ],
+)
+def test_bad_config_stops_before_any_job_naming_the_key(tmp_path, change, key):
+    workdir = default_workdir(tmp_path)
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    for section, values in change.items():
+        config.setdefault(section, {}).update(values)
+    write_config(workdir, config)
+    result = snakemake(workdir, "-n", "results/checkpoint/final", check=False)
+    assert result.returncode != 0
+    assert key in result.stderr + result.stdout
+    assert not (workdir / "results").exists()
+
+
+def test_missing_prompt_source_stops_at_parse_time(tmp_path):
+    workdir = default_workdir(tmp_path)
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["prompts"]["sources"] = ["data/no-such-file.jsonl"]
+    write_config(workdir, config)
+    result = snakemake(workdir, "-n", "results/checkpoint/final", check=False)
+    assert result.returncode != 0
+    assert "no-such-file.jsonl" in result.stderr + result.stdout
+
+
+PROMPTS = [
+    "What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
+    "List three fruits.", "How do I boil an egg?", "What is 2 + 2?", "Name a color.",
+    "Say hello in Spanish.", "What is a hash table?", "Describe the sea.",
+    "Why is the sky blue?", "Give me a tip for sleeping well.", "What does a CPU do?",
+    "Tell me a joke.", "Translate 'cat' to French.", "Count to five.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_model):
+    """The whole chain to results/checkpoint/final on the tiny model (real vLLM CPU + Trainer)."""
+    workdir = tmp_path_factory.mktemp("tiny-run")
+    with open(workdir / "prompts.jsonl", "w") as f:
+        for prompt in PROMPTS:
+            f.write(json.dumps({"prompt": prompt}) + "\n")
+        f.write(json.dumps({"messages": [
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "How are you?"},
+        ]}) + "\n")
+    write_config(workdir, {
+        "target": {"model": str(tiny_model)},
+        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "regenerate": {"max_new_tokens": 24},
+        "tokenize": {"max_seq_len": 256},
+        "hidden_states": {"shards": 2},
+        "vocab": {"draft_vocab_size": 256},
+        "train": {"epochs": 2, "total_seq_len": 512},
+    })
+    snakemake(workdir, "--cores", "2", "results/checkpoint/final")
+    return workdir
+
+
+def test_tiny_chain_hidden_states_match_the_dataset(tiny_run, tiny_model):
+    from datasets import load_from_disk
+
+    layer_ids = json.loads((tiny_run / "results/target/layer_ids.json").read_text())
+    assert layer_ids == {"aux": [2, 4, 5], "extracted": [2, 4, 5, 8], "num_hidden_layers": 8}
+    dataset = load_from_disk(str(tiny_run / "results/tokenized/dataset"))
+    view = tiny_run / "results/hidden_states/all"
+    assert sorted(p.name for p in view.iterdir()) == sorted(f"hs_{i}.safetensors" for i in range(len(dataset)))
+    for i, row in enumerate(dataset):
+        with safe_open(str(view / f"hs_{i}.safetensors"), "pt") as f:
+            hidden, token_ids = f.get_tensor("hidden_states"), f.get_tensor("token_ids")
+        assert hidden.shape == (len(row["input_ids"]), 4, 128)
+        assert hidden.dtype == torch.float32 and torch.isfinite(hidden).all()
+        assert token_ids.tolist() == list(row["input_ids"])
+
+
+def test_tiny_chain_vocab_maps_are_consistent(tiny_run):
+    d2t = np.load(tiny_run / "results/vocab/d2t.npy")
+    t2d = np.load(tiny_run / "results/vocab/t2d.npy")
+    assert d2t.shape == (256,) and t2d.shape == (512,)
+    selected = d2t + np.arange(256)
+    assert np.all(np.diff(selected) > 0)
+    assert t2d.sum() == 256 and np.flatnonzero(t2d).tolist() == selected.tolist()
+
+
+def test_tiny_chain_config_and_checkpoint(tiny_run, tiny_model):
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    config = json.loads((tiny_run / "results/config/config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["draft_vocab_size"] == 256
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["target_hidden_size"] == 128 or config["transformer_layer_config"]["hidden_size"] == 128
+
+    final = tiny_run / "results/checkpoint/final"
+    with safe_open(str(final / "model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert shapes["d2t"] == (256,) and shapes["t2d"] == (512,)
+    assert shapes["fc.weight"] == (128, 3 * 128)
+    assert shapes["lm_head.weight"] == (256, 128)
+    model = Eagle3DraftModel.from_pretrained(str(final))
+    assert model.config.draft_vocab_size == 256
+
+
+def test_tiny_chain_second_run_plans_nothing(tiny_run):
+    assert planned_jobs(tiny_run, "results/checkpoint/final") == {}
