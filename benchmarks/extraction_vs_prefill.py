@@ -130,7 +130,7 @@ def main() -> None:
     tps = {k: tokens / statistics.median(v) for k, v in times.items()}
     ratio = tps["extract"] / tps["prefill"]
     result = {
-        "command": shlex.join([sys.executable.split("/")[-1], *sys.argv]),
+        "command": shlex.join(["PYTHONPATH=src", os.path.relpath(sys.executable), *sys.argv]),
         "model": args.model,
         "target_layers": info.num_hidden_layers,
         "hidden_size": info.hidden_size,

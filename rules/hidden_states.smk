@@ -14,6 +14,8 @@ rule hidden_states_shard:
         directory("results/hidden_states/shard_{shard}"),
     log:
         "logs/hidden_states/shard_{shard}.log",
+    benchmark:
+        "results/benchmarks/hidden_states/shard_{shard}.tsv"
     threads: 2
     resources:
         gpu=1,
@@ -36,6 +38,8 @@ rule hidden_states_view:
         directory("results/hidden_states/all"),
     log:
         "logs/hidden_states/view.log",
+    benchmark:
+        "results/benchmarks/hidden_states_view.tsv"
     threads: 1
     script:
         "../scripts/hidden_states_view.py"

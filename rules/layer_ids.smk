@@ -9,6 +9,8 @@ rule layer_ids:
         "results/target/layer_ids.json",
     log:
         "logs/layer_ids.log",
+    benchmark:
+        "results/benchmarks/layer_ids.tsv"
     params:
         layer_ids=config["hidden_states"]["layer_ids"],
         trust_remote_code=config["target"]["trust_remote_code"],

@@ -16,6 +16,8 @@ rule prompts:
         summary="results/prompts/summary.json",
     log:
         "logs/prompts.log",
+    benchmark:
+        "results/benchmarks/prompts.tsv"
     params:
         # As configured (paths relative to the workflow folder); each row's "source" is this string.
         sources=config["prompts"]["sources"],

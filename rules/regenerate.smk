@@ -13,9 +13,11 @@ rule regenerate:
     log:
         "logs/regenerate.log",
     benchmark:
-        "benchmarks/regenerate.tsv"
+        "results/benchmarks/regenerate.tsv"
     # vLLM CPU binds its OpenMP threads to this many cores (1 measured fastest on 2 shared cores)
     threads: 1
+    resources:
+        gpu=1,
     params:
         max_new_tokens=config["regenerate"]["max_new_tokens"],
         temperature=config["regenerate"]["temperature"],

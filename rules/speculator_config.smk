@@ -11,6 +11,8 @@ rule speculator_config:
         directory("results/config"),
     log:
         "logs/speculator_config.log",
+    benchmark:
+        "results/benchmarks/speculator_config.tsv"
     threads: 1
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],

@@ -13,7 +13,7 @@ if TARGET.needs_rule:
         log:
             "logs/target_model.log",
         benchmark:
-            "benchmarks/target_model.tsv"
+            "results/benchmarks/target_model.tsv"
         threads: 1
         params:
             model=config["target"]["model"],

@@ -13,6 +13,8 @@ rule tokenize:
         summary="results/tokenized/summary.json",
     log:
         "logs/tokenize.log",
+    benchmark:
+        "results/benchmarks/tokenize.tsv"
     threads: 1
     params:
         max_seq_len=config["tokenize"]["max_seq_len"],

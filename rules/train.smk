@@ -20,7 +20,7 @@ rule train:
     log:
         "logs/train.log",
     benchmark:
-        "benchmarks/train.tsv"
+        "results/benchmarks/train.tsv"
     # torch threads on CPU (AdamW, 1 thread: ~240 tok/s on SmolLM2-135M)
     threads: 2
     resources:

@@ -12,6 +12,8 @@ rule vocab:
         summary="results/vocab/summary.json",
     log:
         "logs/vocab.log",
+    benchmark:
+        "results/benchmarks/vocab.tsv"
     threads: 1
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
