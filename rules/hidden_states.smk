@@ -16,7 +16,7 @@ rule hidden_states_shard:
         "logs/hidden_states/shard_{shard}.log",
     benchmark:
         "results/benchmarks/hidden_states/shard_{shard}.tsv"
-    threads: 2
+    threads: 1
     resources:
         gpu=1,
     params:

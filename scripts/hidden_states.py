@@ -1,12 +1,14 @@
-"""Extract one shard of target hidden states with vLLM (see draftline.hidden_states)."""
+"""Extract one shard of target hidden states with vLLM or transformers (see draftline.hidden_states)."""
 
 import json
 import logging
 
+from draftline.devices import claim_gpus
 from draftline.hidden_states import extract_shard
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     extract_shard(
         snakemake.input.dataset,
         snakemake.input.target,
@@ -19,4 +21,6 @@ if __name__ == "__main__":
         enforce_eager=snakemake.params.enforce_eager,
         chunk_rows=snakemake.params.chunk_rows,
         trust_remote_code=snakemake.params.trust_remote_code,
+        # hidden_states.backend: "vllm" (default) or "transformers" (draftline.hidden_states_hf)
+        backend=snakemake.params.get("backend", "vllm"),
     )

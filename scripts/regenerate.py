@@ -2,10 +2,12 @@
 
 import logging
 
+from draftline.devices import claim_gpus
 from draftline.regenerate import RegenerateSettings, regenerate
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     regenerate(
         snakemake.input.target,
         snakemake.input.conversations,

@@ -2,10 +2,12 @@
 
 import logging
 
+from draftline.devices import claim_gpus
 from draftline.train import TrainInputs, TrainSettings, train
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     train(
         TrainInputs(
             config_dir=snakemake.input.config,

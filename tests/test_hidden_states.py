@@ -34,9 +34,9 @@ def dataset(tiny_model, tmp_path_factory):
     lengths = [5, 17, 33, 64, 9, 48][:NUM_ROWS]
     ids = [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
     path = tmp_path_factory.mktemp("data") / "dataset"
-    Dataset.from_dict(
-        {"input_ids": ids, "loss_mask": [[1] * n for n in lengths], "seq_len": lengths}
-    ).save_to_disk(str(path))
+    ds = Dataset.from_dict({"input_ids": ids, "loss_mask": [[1] * n for n in lengths], "seq_len": lengths})
+    ds.set_format(type="torch")  # as speculators' prepare-data saves it
+    ds.save_to_disk(str(path))
     return path, ids
 
 
@@ -246,12 +246,26 @@ def test_view_rejects_missing_and_duplicate_rows(tmp_path):
     assert not (tmp_path / "all").exists()
 
 
-def test_view_of_real_shard(extracted, tmp_path):
+def test_trainer_reads_the_view(dataset, extracted):
+    """speculators' own training dataset loads every row through the view."""
+    from hs_connectors import FileTransfer
+    from speculators.train.data import ArrowDataset
+
     root, _ = extracted
+    path, ids = dataset
     view = root / "all"
     hs.build_view([root / "shard_0"], view)
     assert len(list(view.glob("hs_*.safetensors"))) == NUM_ROWS
     assert os.readlink(view / hs.file_name(0)) == os.path.join("..", "shard_0", hs.file_name(0))
+    data = ArrowDataset(
+        max_len=256, datapath=str(path), transfer=FileTransfer(view), on_missing="raise",
+        hidden_states_dtype=torch.float32,
+    )
+    for i in range(NUM_ROWS):
+        item = data[i]
+        assert item["input_ids"].tolist() == ids[i]
+        assert item["hidden_states"].shape == (len(ids[i]), 3 * 128)  # the three aux layers
+        assert item["verifier_last_hidden_states"].shape == (len(ids[i]), 128)
 
 
 def test_layer_ids_from_another_target_are_rejected(tiny_model):

@@ -112,7 +112,7 @@ def test_tiny_chain_hidden_states_match_the_dataset(tiny_run, tiny_model):
     assert layer_ids == {"aux": [2, 4, 5], "extracted": [2, 4, 5, 8], "num_hidden_layers": 8}
     dataset = load_from_disk(str(tiny_run / "results/tokenized/dataset"))
     view = tiny_run / "results/hidden_states/all"
-    assert sorted(p.name for p in view.iterdir()) == sorted(f"hs_{i}.safetensors" for i in range(len(dataset)))
+    assert sorted(p.name for p in view.glob("hs_*")) == sorted(f"hs_{i}.safetensors" for i in range(len(dataset)))
     for i, row in enumerate(dataset):
         with safe_open(str(view / f"hs_{i}.safetensors"), "pt") as f:
             hidden, token_ids = f.get_tensor("hidden_states"), f.get_tensor("token_ids")

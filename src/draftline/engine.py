@@ -25,12 +25,14 @@ def default_dtype(requested: str = "auto") -> str:
 def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 
-    vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and by default reserves a
-    core and computes on the rest; `threads` binds its OpenMP threads to that many cores.
-    Values already set in the environment win.
+    vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB). By default it pins its
+    OpenMP threads to fixed cores, so two jobs running side by side (two hidden-state shards
+    on one machine) would share one core; instead leave placement to the OS and give each
+    job exactly `threads` threads. Values already set in the environment win.
     """
     if has_cuda():
         return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib or 2))
     if threads:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -357,12 +357,17 @@ def extract_shard(
     chunk_rows: int = 64,
     gpu_memory_utilization: float = 0.85,
     trust_remote_code: bool = False,
+    backend: str = "vllm",
+    batch_tokens: int | None = None,
 ) -> dict:
     """Extract shard `shard` of `num_shards` into `out_dir` (published atomically); return its manifest.
 
     `staging_root` (default: `<out_dir's parent>/.staging`) keeps validated files across a
     killed job; rows whose staged file still validates are not extracted again.
+    `backend` "transformers" computes the same files with `draftline.hidden_states_hf`
+    (`batch_tokens`: its padded tokens per forward); staging, checks and publishing are shared.
     """
+    extract_rows = _select_backend(backend)
     from datasets import load_from_disk
 
     out_dir = Path(out_dir)
@@ -410,11 +415,12 @@ def extract_shard(
 
     new_tokens, load_s, extract_s = 0, 0.0, 0.0
     if todo:
-        new_tokens, load_s, extract_s = _extract_rows(
+        new_tokens, load_s, extract_s = extract_rows(
             todo, ids_by_row, target, extracted, staging, dtype=dtype, threads=threads,
             enforce_eager=enforce_eager, chunk_rows=chunk_rows,
             gpu_memory_utilization=gpu_memory_utilization,
             trust_remote_code=trust_remote_code,
+            **({"batch_tokens": batch_tokens} if backend == "transformers" else {}),
         )
 
     total_tokens = sum(len(ids_by_row[r]) for r in rows)
@@ -437,6 +443,7 @@ def extract_shard(
         "load_seconds": round(load_s, 2),
         "extract_seconds": round(extract_s, 2),
         "tokens_per_s": round(new_tokens / extract_s, 1) if extract_s > 0 else None,
+        "backend": backend,
         "target": str(target_dir),
         "staging_key": key,
         "versions": versions(),
@@ -450,6 +457,17 @@ def extract_shard(
     log.info("published %s: %d rows, %d tokens, %.1f MB", out_dir, len(rows), total_tokens,
              manifest["bytes"] / 1e6)
     return manifest
+
+
+def _select_backend(backend: str):
+    """The row extractor of `hidden_states.backend`: vLLM (below) or transformers."""
+    if backend == "vllm":
+        return _extract_rows
+    if backend == "transformers":
+        from draftline.hidden_states_hf import extract_rows
+
+        return extract_rows
+    raise ValueError(f"hidden_states.backend {backend!r}: expected 'vllm' or 'transformers'")
 
 
 def run_chunks(extractor: Extractor, rows: Sequence[int], ids_by_row, dest_dir: Path,
@@ -503,10 +521,11 @@ def _extract_rows(todo, ids_by_row, target: TargetInfo, extracted, staging: Path
     t1 = time.perf_counter()
     try:
         tokens = run_chunks(extractor, todo, ids_by_row, staging, chunk_rows)
+        extract_s = time.perf_counter() - t1
     finally:
         shutdown_llm(llm)
     shutil.rmtree(scratch, ignore_errors=True)
-    return tokens, load_s, time.perf_counter() - t1
+    return tokens, load_s, extract_s
 
 
 def build_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> dict:

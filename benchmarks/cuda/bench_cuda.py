@@ -1,0 +1,600 @@
+"""The pipeline's CUDA path, measured in one run (issues 8 and 7).
+
+    PYTHONPATH=src python3 benchmarks/cuda/bench_cuda.py --out OUT --work /tmp/bench [--size 8b]
+
+Builds a target with random weights (Llama-3.1-8B shape, bf16) and a dataset of random token
+rows of realistic length, then runs the pipeline's own code on them:
+- extraction: `draftline.hidden_states.extract_shard(backend="transformers")` (what
+  scripts/hidden_states.py calls), against the compute limit (2 x params FLOPs per token at
+  the bf16 matmul rate measured here) and against a plain decoder forward of the same batches;
+- training: `draftline.train.train` (what scripts/train.py calls: speculators' Trainer under
+  torchrun), against a plain forward+backward loop of the same draft on the Trainer's own batch;
+  peak GPU memory from nvidia-smi for both; the checkpoint is loaded back with speculators;
+- with 2 GPUs (issue 7): training with 2 processes (DDP, then --fsdp-shard) against 1, and
+  two extraction shards at once on distinct GPUs (CUDA_VISIBLE_DEVICES) against the same
+  shards run one after the other.
+Each stage appends its figures to OUT/results.json (rewritten after every stage, so a run cut
+short keeps what it measured) and OUT/results.md is written at the end. `--size tiny` runs the
+same code on a toy target (on CPU when there is no GPU) to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("bench")
+
+SIZES = {
+    # Llama-3.1-8B's shape (rope scaling left out: it does not change the cost).
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
+               rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=2048, max_position_embeddings=4096,
+                 rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class Results:
+    def __init__(self, out: Path, meta: dict):
+        self.out = out
+        self.data = {"meta": meta, "stages": {}, "errors": {}}
+
+    def put(self, stage: str, value: dict) -> None:
+        self.data["stages"][stage] = value
+        self.save()
+
+    def error(self, stage: str, err: BaseException) -> None:
+        self.data["errors"][stage] = "".join(traceback.format_exception(err))[-4000:]
+        log.error("stage %s failed: %s", stage, err)
+        self.save()
+
+    def save(self) -> None:
+        (self.out / "results.json").write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+
+
+class GpuMemoryPoller:
+    """Peak `memory.used` per GPU (MiB) from nvidia-smi, sampled every 0.25 s."""
+
+    def __init__(self):
+        self.peak: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=5,
+                ).stdout
+                for line in out.strip().splitlines():
+                    i, used = (int(x) for x in line.split(","))
+                    self.peak[i] = max(self.peak.get(i, 0), used)
+            except Exception:  # noqa: BLE001 - no nvidia-smi on CPU
+                return
+            self._stop.wait(0.25)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "speculators", "safetensors", "datasets", "hs-connectors"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    out["cuda"] = torch.version.cuda
+    return out
+
+
+def gpu_info() -> dict:
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    return {"device": "cuda", "count": torch.cuda.device_count(), "nvidia_smi": smi,
+            "name": torch.cuda.get_device_name(0),
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+
+
+# ---------------------------------------------------------------- stages
+
+
+def matmul_rate(size: str) -> dict:
+    """bf16 matmul TFLOP/s on random data (mean of 10 after 3 warm-ups), the compute reference."""
+    if not torch.cuda.is_available():
+        return {"tflops": None, "note": "no CUDA"}
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a @ b
+    end.record()
+    sync()
+    s = start.elapsed_time(end) / 1000 / 10
+    return {"n": n, "tflops": round(2 * n**3 / s / 1e12, 1)}
+
+
+def build_target(folder: Path, size: str) -> dict:
+    """A Llama target with random bf16 weights, saved as a Hugging Face folder (no tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    t0 = time.perf_counter()
+    config = LlamaConfig(**SIZES[size], bos_token_id=1, eos_token_id=2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+    build_s = time.perf_counter() - t0
+    model.save_pretrained(folder)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"params": params, "params_without_embeddings_and_head": params - embed, "dtype": str(dtype),
+            "config": SIZES[size], "build_s": round(build_s, 1), "save_s": round(time.perf_counter() - t0 - build_s, 1),
+            "bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors"))}
+
+
+def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: int, vocab: int) -> dict:
+    """Tokenized dataset (speculators' columns), layer ids, vocab maps, speculator config."""
+    import numpy as np
+    from datasets import Dataset
+
+    from draftline.layers import resolve_layer_ids
+    from draftline.speculator_config import write_speculator_config
+    from draftline.vocab import build_vocab_maps
+
+    rng = random.Random(0)
+    lengths = [rng.randint(seq_len * 3 // 4, seq_len * 5 // 4) for _ in range(rows)]
+    # Zipf-like token ids, so the draft vocab covers most tokens as with real text.
+    weights = [1 / (i + 10) for i in range(vocab)]
+    ids = [rng.choices(range(vocab), weights=weights, k=n) for n in lengths]
+    # Loss on the second half of each row: the "assistant" part.
+    masks = [[0] * (n // 2) + [1] * (n - n // 2) for n in lengths]
+    ds = Dataset.from_dict({"input_ids": ids, "loss_mask": masks, "seq_len": lengths})
+    ds.set_format(type="torch")
+    ds.save_to_disk(str(work / "dataset"))
+    freq: dict[int, int] = {}
+    for row in ids:
+        for t in row:
+            freq[t] = freq.get(t, 0) + 1
+    d2t, t2d = build_vocab_maps(freq, draft_vocab, vocab)
+    np.save(work / "d2t.npy", d2t)
+    np.save(work / "t2d.npy", t2d)
+    ids_ = resolve_layer_ids("auto", str(target))
+    (work / "layer_ids.json").write_text(json.dumps(
+        {"aux": ids_.aux, "extracted": ids_.extracted, "num_hidden_layers": ids_.num_hidden_layers}))
+    write_speculator_config(work / "config", target, work / "layer_ids.json", draft_vocab)
+    return {"rows": rows, "tokens": sum(lengths), "min_len": min(lengths), "max_len": max(lengths),
+            "layer_ids": ids_.extracted, "draft_vocab": draft_vocab}
+
+
+def extraction(work: Path, target: Path, batch_tokens: int, params: int, tflops: float | None) -> dict:
+    from draftline.hidden_states import build_view, extract_shard
+
+    layer_ids = json.loads((work / "layer_ids.json").read_text())
+    t0 = time.perf_counter()
+    m = extract_shard(work / "dataset", target, layer_ids, 0, 1, work / "hs" / "shard_0",
+                      backend="transformers", batch_tokens=batch_tokens, threads=8)
+    wall = time.perf_counter() - t0
+    build_view([work / "hs" / "shard_0"], work / "hs" / "all")
+    out = {"manifest": {k: v for k, v in m.items() if k != "versions"}, "wall_s": round(wall, 1),
+           "tokens_per_s": m["tokens_per_s"],
+           "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3),
+           "bytes_per_token": round(m["bytes"] / m["tokens"], 1),
+           "batch_tokens": batch_tokens}
+    if tflops:
+        limit = tflops * 1e12 / (2 * params)
+        out["compute_limit_tokens_per_s"] = round(limit, 1)
+        out["fraction_of_compute_limit"] = round(m["tokens_per_s"] / limit, 3)
+    return out
+
+
+def plain_forward(work: Path, target: Path, batch_tokens: int, max_batches: int) -> dict:
+    """Reference: the same decoder on the same batches, no capture, nothing written."""
+    from datasets import load_from_disk
+
+    from draftline.hidden_states_hf import batches, load_decoder
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    decoder = load_decoder(target, dtype, device)
+    ds = load_from_disk(str(work / "dataset")).with_format(None)
+    ids = ds["input_ids"]
+    lengths = {r: len(x) for r, x in enumerate(ids)}
+    plan = batches(list(lengths), lengths, batch_tokens, 64)[:max_batches]
+
+    def run(batch):
+        longest = max(lengths[r] for r in batch)
+        x = torch.zeros((len(batch), longest), dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for b, r in enumerate(batch):
+            x[b, : lengths[r]] = torch.tensor(ids[r])
+            mask[b, : lengths[r]] = 1
+        with torch.inference_mode():
+            decoder(input_ids=x.to(device), attention_mask=mask.to(device), use_cache=False)
+
+    run(plan[0])  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    for batch in plan:
+        run(batch)
+    sync()
+    s = time.perf_counter() - t0
+    tokens = sum(lengths[r] for b in plan for r in b)
+    padded = sum(max(lengths[r] for r in b) * len(b) for b in plan)
+    del decoder
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"batches": len(plan), "tokens": tokens, "padded_tokens": padded, "seconds": round(s, 2),
+            "tokens_per_s": round(tokens / s, 1)}
+
+
+def train_inputs(work: Path, target: Path):
+    from draftline.train import TrainInputs
+
+    return TrainInputs(config_dir=work / "config", dataset=work / "dataset", hidden_states=work / "hs" / "all",
+                       d2t=work / "d2t.npy", t2d=work / "t2d.npy", layer_ids=work / "layer_ids.json",
+                       target=str(target))
+
+
+def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_seq_len: int,
+             fsdp: bool = False) -> dict:
+    """`draftline.train.train` as scripts/train.py calls it; `fsdp` adds speculators' --fsdp-shard."""
+    import draftline.train as dt
+
+    settings = dt.TrainSettings(epochs=epochs, total_seq_len=total_seq_len, train_fraction=0.9)
+    real_args = dt.speculators_args
+    if fsdp:
+        # draftline.train has no FSDP setting yet: append speculators' own flag.
+        dt.speculators_args = lambda *a, **k: [*real_args(*a, **k), "--fsdp-shard"]
+    t0 = time.perf_counter()
+    try:
+        with GpuMemoryPoller() as mem:
+            final = dt.train(train_inputs(work, target), settings, work / name / "runs", work / name / "final",
+                             threads=4, gpus=gpus)
+    finally:
+        dt.speculators_args = real_args
+    wall = time.perf_counter() - t0
+    prov = json.loads((final / "draftline_provenance.json").read_text())
+    run_dir = Path(prov["run_dir"])
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"profile"' in x]
+    profiles = [s["profile"] for s in steps]
+    steady = profiles[len(profiles) // 4:] or profiles  # without the first steps (start-up)
+
+    def med(key):
+        vals = sorted(p.get(key, 0.0) for p in steady)
+        return round(vals[len(vals) // 2], 2) if vals else None
+
+    world = prov["world_size"]
+    mem_marks = [v for p in profiles for v in (p.get("memory_mb") or {}).values()]
+    return {
+        "gpus": gpus, "world_size": world, "fsdp_shard": fsdp, "device": prov["device"],
+        "optimizer": prov["optimizer"], "epochs": epochs, "total_seq_len": total_seq_len,
+        "wall_s": round(wall, 1), "steps_logged_rank0": len(profiles),
+        "throughput_rank0": prov["throughput"],
+        "median_step_tokens_per_s_rank0": med("tokens_per_s"),
+        # Every rank runs the same number of equally packed steps: the job's rate is world x rank 0's.
+        "median_tokens_per_s_all_ranks": round(med("tokens_per_s") * world, 1) if med("tokens_per_s") else None,
+        "median_ms": {k: med(k) for k in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "fetch_ms", "h2d_ms")},
+        "peak_memory_allocated_at_marks_mib_rank0": round(max(mem_marks), 1) if mem_marks else None,
+        "peak_nvidia_smi_mib": mem.peak,
+        "val_loss_per_epoch": prov["val_loss_per_epoch"],
+        "final": str(final), "final_files": sorted(p.name for p in final.iterdir()),
+        "train_command": (final / "train_command.txt").read_text()[:2000] if (final / "train_command.txt").exists() else None,
+    }
+
+
+def checkpoint_check(final: Path) -> dict:
+    """Load the checkpoint with speculators; record its tensors (names, shapes, dtypes)."""
+    from safetensors import safe_open
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    model = Eagle3DraftModel.from_pretrained(str(final))
+    with safe_open(str(final / "model.safetensors"), framework="pt") as f:
+        tensors = {k: [list(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()] for k in f.keys()}  # noqa: SIM118
+    cfg = json.loads((final / "config.json").read_text())
+    return {"loaded_class": type(model).__name__, "params": sum(p.numel() for p in model.parameters()),
+            "tensors": tensors, "config_keys": sorted(cfg), "speculators_model_type": cfg.get("speculators_model_type")}
+
+
+def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) -> dict:
+    """Plain forward+backward of the same draft, on the Trainer's own first batch, in a loop."""
+    import speculators.train.cli as cli
+    from hs_connectors import HiddenStatesBackend
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.model import SpeculatorModel
+    from speculators.train.config import TrainConfig
+    from speculators.train.dataloader import create_train_val_loaders
+
+    import draftline.train as dt
+
+    if not torch.cuda.is_available():
+        from draftline.train_entry import apply_cpu_shims
+
+        apply_cpu_shims()
+    settings = dt.TrainSettings(epochs=1, total_seq_len=total_seq_len, train_fraction=0.9)
+    inputs = train_inputs(work, target)
+    facts = dt.check_inputs(inputs)
+    argv = dt.speculators_args(inputs, settings, work / "ref_run", facts["hidden_states_dtype"], "adamw",
+                               facts["aux"], facts["rows"], facts["draft_vocab_size"])
+    args = argparse.Namespace(**TrainConfig.resolve(argv).flatten())
+    cls = SpeculatorModel.registry["eagle3"]
+    d2t, t2d, dvs = cli.parse_vocab_mappings(args)
+    model = cli.build_draft_model(args, cls, t2d, d2t, dvs)
+    hs_dtype = getattr(torch, args.hidden_states_dtype)
+    transfer = HiddenStatesBackend.registry[args.hidden_states_backend].from_train_args(args, args.data_path)
+    loader, _ = create_train_val_loaders(
+        data_path=args.data_path, total_seq_len=args.total_seq_len, hidden_states_dtype=hs_dtype,
+        transfer=transfer, vllm_endpoint=args.vllm_endpoint, on_missing=args.on_missing,
+        verifier_name_or_path=args.verifier_name_or_path, request_timeout=args.request_timeout,
+        max_retries=args.max_retries, generation_validation_retries=args.generation_validation_retries,
+        max_consecutive_generation_failures=args.max_consecutive_generation_failures,
+        hidden_size=model.config.transformer_layer_config.hidden_size,
+        num_target_layers=len(model.target_layer_ids), num_workers=0, prefetch_factor=args.prefetch_factor,
+        preprocess=shift_batch, train_data_ratio=args.train_data_ratio, seed=args.seed,
+    )  # fmt: skip
+    kwargs, _ = cls.get_trainer_kwargs(**vars(args))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device).train()
+    batch = next(iter(loader))
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    batch.pop("error_records", None)
+    tokens = int((batch["document_ids"] != -1).sum())
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def step():
+        with torch.autocast(device, dtype=hs_dtype):
+            _, loss, _ = model(**batch, **(kwargs or {}))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    sync()
+    with GpuMemoryPoller() as mem:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        s = time.perf_counter() - t0
+    out = {"steps": steps, "tokens_per_step": tokens, "ms_per_step": round(1000 * s / steps, 2),
+           "tokens_per_s": round(tokens * steps / s, 1), "peak_nvidia_smi_mib": mem.peak}
+    if device == "cuda":
+        out["max_memory_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        out["max_memory_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def shard_cmd(work: Path, target: Path, out_dir: Path, shard: int, n: int, batch_tokens: int) -> list[str]:
+    return [sys.executable, __file__, "extract-shard", "--work", str(work), "--target", str(target),
+            "--out-dir", str(out_dir), "--shard", str(shard), "--num-shards", str(n),
+            "--batch-tokens", str(batch_tokens)]
+
+
+def parallel_shards(work: Path, target: Path, batch_tokens: int) -> dict:
+    """Shards 0 and 1 of 2: one after the other on GPU 0, then at once on GPUs 0 and 1."""
+    from safetensors.torch import load_file
+
+    def env(dev):
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": str(dev)}
+
+    t0 = time.perf_counter()
+    for k in (0, 1):
+        subprocess.run(shard_cmd(work, target, work / "seq" / f"shard_{k}", k, 2, batch_tokens), env=env(0), check=True)
+    seq_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(shard_cmd(work, target, work / "par" / f"shard_{k}", k, 2, batch_tokens), env=env(k))
+             for k in (0, 1)]
+    codes = [p.wait() for p in procs]
+    par_s = time.perf_counter() - t0
+    if any(codes):
+        raise RuntimeError(f"parallel shard processes exited with {codes}")
+    identical, differ, max_diff_vs_one_shard = 0, [], 0.0
+    manifests = {}
+    for k in (0, 1):
+        ms = json.loads((work / "seq" / f"shard_{k}" / "manifest.json").read_text())
+        mp = json.loads((work / "par" / f"shard_{k}" / "manifest.json").read_text())
+        manifests[k] = {"seq_tokens_per_s": ms["tokens_per_s"], "par_tokens_per_s": mp["tokens_per_s"],
+                        "rows": [ms["row_start"], ms["row_stop"]], "tokens": ms["tokens"]}
+        for r in range(ms["row_start"], ms["row_stop"]):
+            a = load_file(work / "seq" / f"shard_{k}" / f"hs_{r}.safetensors")
+            b = load_file(work / "par" / f"shard_{k}" / f"hs_{r}.safetensors")
+            if all(torch.equal(a[x], b[x]) for x in ("hidden_states", "token_ids")):
+                identical += 1
+            else:
+                differ.append(r)
+            one = load_file(work / "hs" / "shard_0" / f"hs_{r}.safetensors")["hidden_states"]
+            max_diff_vs_one_shard = max(max_diff_vs_one_shard, (one.float() - a["hidden_states"].float()).abs().max().item())
+    return {"sequential_s": round(seq_s, 1), "parallel_s": round(par_s, 1), "speedup": round(seq_s / par_s, 2),
+            "rows_identical": identical, "rows_differing": differ, "shards": manifests,
+            "max_abs_diff_vs_single_shard_run": max_diff_vs_one_shard,
+            "commands": [shlex.join(shard_cmd(work, target, work / "par" / f"shard_{k}", k, 2, batch_tokens))
+                         for k in (0, 1)]}
+
+
+# ---------------------------------------------------------------- report
+
+
+def markdown(data: dict) -> str:
+    m, s = data["meta"], data["stages"]
+    lines = [f"# CUDA benchmark ({m['size']})", "", f"- command: `{m['command']}`", f"- GPU: {m['gpu']}",
+             f"- versions: {m['versions']}", f"- started: {m['started']}", ""]
+    if "matmul" in s:
+        lines.append(f"bf16 matmul 8192^3: **{s['matmul']['tflops']} TFLOP/s** (measured in this run)\n")
+    if "target" in s:
+        t = s["target"]
+        lines.append(f"Target: random Llama, {t['params'] / 1e9:.2f} B params ({t['dtype']}), built in "
+                     f"{t['build_s']} s, saved in {t['save_s']} s. Data: {s.get('data', {})}\n")
+    if "extraction" in s:
+        e = s["extraction"]
+        ref = s.get("plain_forward", {})
+        lines += ["## Extraction (transformers backend, `extract_shard`)", "", "| figure | value | reference |",
+                  "|---|---|---|",
+                  f"| tokens/s | {e['tokens_per_s']} | compute limit {e.get('compute_limit_tokens_per_s')} "
+                  f"(= {e.get('fraction_of_compute_limit')} of it); plain decoder forward {ref.get('tokens_per_s')} |",
+                  f"| GB/s written | {e['gb_per_s_written']} | |",
+                  f"| bytes/token | {e['bytes_per_token']} | |",
+                  f"| engine load s | {e['manifest']['load_seconds']} | |", ""]
+    for key in ("train_1gpu", "train_ddp2", "train_fsdp2"):
+        if key in s:
+            t = s[key]
+            lines += [f"## Training `{key}`", "", f"- median step tokens/s (all ranks): **{t['median_tokens_per_s_all_ranks']}**"
+                      f" (rank 0: {t['median_step_tokens_per_s_rank0']}); median ms {t['median_ms']}",
+                      f"- peak GPU memory (nvidia-smi, MiB): {t['peak_nvidia_smi_mib']}; allocated at step marks "
+                      f"(rank 0): {t['peak_memory_allocated_at_marks_mib_rank0']}",
+                      f"- wall {t['wall_s']} s (start-up included), optimizer {t['optimizer']}, val loss {t['val_loss_per_epoch']}", ""]
+    if "reference_fwd_bwd" in s:
+        r = s["reference_fwd_bwd"]
+        lines += ["## Reference: plain forward+backward of the same draft", "", f"- {r}", ""]
+    if "train_1gpu" in s and "reference_fwd_bwd" in s:
+        t1 = s["train_1gpu"]["median_tokens_per_s_all_ranks"]
+        lines.append(f"Trainer / plain fwd+bwd: {t1 / s['reference_fwd_bwd']['tokens_per_s']:.2f}\n")
+    for key in ("train_ddp2", "train_fsdp2"):
+        if key in s and "train_1gpu" in s:
+            eff = s[key]["median_tokens_per_s_all_ranks"] / (2 * s["train_1gpu"]["median_tokens_per_s_all_ranks"])
+            lines.append(f"Scaling efficiency {key} vs 1 GPU: **{eff:.2f}**\n")
+    if "parallel_shards" in s:
+        lines += ["## Two extraction shards at once (CUDA_VISIBLE_DEVICES=0 / 1)", "", f"- {s['parallel_shards']}", ""]
+    if "checkpoint" in s:
+        c = s["checkpoint"]
+        lines += ["## Checkpoint", "", f"- loads with speculators as {c['loaded_class']} ({c['params']} params); "
+                  f"tensors {c['tensors']}", ""]
+    if data["errors"]:
+        lines += ["## Errors", ""] + [f"### {k}\n```\n{v}\n```" for k, v in data["errors"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--size", choices=sorted(SIZES), default="8b")
+    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch-tokens", type=int, default=32768)
+    ap.add_argument("--draft-vocab", type=int, default=32000)
+    ap.add_argument("--total-seq-len", type=int, default=8192)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--stages", default="matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,"
+                                        "reference_fwd_bwd,train_ddp2,train_fsdp2,parallel_shards")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        handlers=[logging.StreamHandler(), logging.FileHandler(a.out / "bench.log")])
+    stages = a.stages.split(",")
+    res = Results(a.out, {"command": shlex.join([sys.executable, *sys.argv]), "size": a.size, "gpu": gpu_info(),
+                          "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)})
+    target = a.work / "target"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ctx: dict = {}
+
+    def stage(name, fn, *needs_gpus):
+        if name not in stages:
+            return
+        if needs_gpus and gpus < needs_gpus[0]:
+            res.data["errors"][name] = f"not run: needs {needs_gpus[0]} GPUs, found {gpus}"
+            res.save()
+            return
+        t0 = time.perf_counter()
+        log.info("=== stage %s", name)
+        try:
+            value = fn()
+            value["stage_s"] = round(time.perf_counter() - t0, 1)
+            res.put(name, value)
+            ctx[name] = value
+        except Exception as err:  # noqa: BLE001 - record and go on with the next stage
+            res.error(name, err)
+
+    stage("matmul", lambda: matmul_rate(a.size))
+    stage("target", lambda: build_target(target, a.size))
+    params = res.data["stages"].get("target", {}).get("params", 0)
+    stage("data", lambda: build_data(a.work, target, a.rows, a.seq_len, min(a.draft_vocab, SIZES[a.size]["vocab_size"] // 2),
+                                     SIZES[a.size]["vocab_size"]))
+    tflops = res.data["stages"].get("matmul", {}).get("tflops")
+    stage("extraction", lambda: extraction(a.work, target, a.batch_tokens, params, tflops))
+    stage("plain_forward", lambda: plain_forward(a.work, target, a.batch_tokens, 8))
+    stage("train_1gpu", lambda: training(a.work, target, "train_1gpu", 1, a.epochs, a.total_seq_len))
+    if "train_1gpu" in ctx:
+        stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
+    stage("reference_fwd_bwd", lambda: reference_fwd_bwd(a.work, target, a.total_seq_len, 20))
+    stage("train_ddp2", lambda: training(a.work, target, "train_ddp2", 2, a.epochs, a.total_seq_len), 2)
+    stage("train_fsdp2", lambda: training(a.work, target, "train_fsdp2", 2, a.epochs, a.total_seq_len, fsdp=True), 2)
+    if "train_fsdp2" in ctx:
+        stage("checkpoint_fsdp", lambda: checkpoint_check(Path(ctx["train_fsdp2"]["final"])))
+    stage("parallel_shards", lambda: parallel_shards(a.work, target, a.batch_tokens), 2)
+    res.data["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    res.save()
+    (a.out / "results.md").write_text(markdown(res.data))
+    log.info("done: %s", a.out / "results.md")
+
+
+def extract_shard_main() -> None:
+    """One extraction shard, as scripts/hidden_states.py runs it (a subprocess per GPU)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd")
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--out-dir", type=Path)
+    ap.add_argument("--shard", type=int)
+    ap.add_argument("--num-shards", type=int)
+    ap.add_argument("--batch-tokens", type=int)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
+    from draftline.hidden_states import extract_shard
+
+    extract_shard(a.work / "dataset", a.target, json.loads((a.work / "layer_ids.json").read_text()), a.shard,
+                  a.num_shards, a.out_dir, backend="transformers", batch_tokens=a.batch_tokens, threads=4,
+                  staging_root=a.out_dir.parent / f".staging-{a.shard}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "extract-shard":
+        extract_shard_main()
+    else:
+        main()

@@ -1,0 +1,351 @@
+"""Acceptance of a draft in vLLM's own speculative decoding, on the held-out prompts.
+
+One evaluation loads the target three times, one after the other, on the same prompts with
+the same greedy settings: alone (the reference outputs and the speed without speculation),
+with the trained draft, and with an untrained draft of the same config (the baseline). All
+acceptance numbers come from vLLM's own spec-decode counters (`LLM.get_metrics()`), read
+before and after each timed `generate`, so warm-up and earlier engines never leak in:
+
+- acceptance rate = accepted tokens / draft tokens
+- mean acceptance length = 1 + accepted tokens / drafts (tokens emitted per target step)
+- acceptance per position i = accepted at position i / drafts
+
+Greedy speculative decoding is lossless: every speculative output must be token-identical
+to the target's own; the first prompt where it is not stops the evaluation (LosslessError).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# vLLM's counter names (vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/loggers.py)
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PROMPT_TOKENS, GENERATION_TOKENS)
+
+
+class LosslessError(RuntimeError):
+    """A greedy speculative output differs from the target's own greedy output."""
+
+
+@dataclass(frozen=True)
+class EvaluateSettings:
+    """The `evaluate:` config block, plus how the target is loaded (as in the other stages)."""
+
+    num_speculative_tokens: int = 3
+    max_new_tokens: int = 128
+    max_prompts: int | None = None
+    seed: int = 0
+    max_model_len: int = 2048  # tokenize.max_seq_len: prompt + answer must fit
+    dtype: str = "auto"
+    chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    trust_remote_code: bool = False
+    # None = eager on CPU (torch.compile costs ~60 s per engine there), compiled on CUDA
+    enforce_eager: bool | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: list[dict]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def read_prompts(path: str | Path, max_prompts: int | None = None) -> list[Prompt]:
+    """Held-out rows as first-turn chat prompts (system + first user turn, as regeneration's turn 1)."""
+    from draftline.regenerate import read_conversations
+
+    conversations = read_conversations(path)
+    if max_prompts is not None:
+        conversations = conversations[:max_prompts]
+    if not conversations:
+        raise ValueError(
+            f"{path}: no held-out prompts to evaluate on; set prompts.heldout > 0 in the config"
+        )
+    return [Prompt(c.id, c.context(0)) for c in conversations]
+
+
+def make_untrained_draft(
+    config_dir: str | Path, d2t: str | Path, t2d: str | Path, out_dir: str | Path,
+    target: str | Path | None = None, seed: int = 0,
+) -> Path:  # fmt: skip
+    """The baseline: a freshly initialized draft of the trained one's config and vocab maps.
+
+    Built by the code path speculators' Trainer takes for a config-only `--from-pretrained`
+    folder (random decoder, the verifier's embeddings, d2t/t2d loaded), then saved the way
+    its `--dry-run` saves one, so vLLM loads it exactly like a trained checkpoint.
+    """
+    import numpy as np
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import _build_from_config_only, set_seed
+
+    from draftline.atomic import atomic_dir
+    from draftline.train import check_checkpoint
+
+    set_seed(seed)
+    d2t_t = torch.from_numpy(np.load(d2t))
+    t2d_t = torch.from_numpy(np.load(t2d))
+    model = _build_from_config_only(
+        Eagle3DraftModel, str(config_dir), t2d=t2d_t, d2t=d2t_t,
+        verifier_name_or_path=str(target) if target else None,
+    )  # fmt: skip
+    tl = model.config.transformer_layer_config
+    with atomic_dir(out_dir) as staging:
+        model.save_pretrained(str(staging))
+        check_checkpoint(
+            staging, int(d2t_t.shape[0]), int(t2d_t.shape[0]), int(tl.hidden_size),
+            len(model.config.eagle_aux_hidden_state_layer_ids),
+        )  # fmt: skip
+        (staging / "draftline_provenance.json").write_text(
+            json.dumps({"untrained": True, "seed": seed, "config": str(config_dir), "d2t": str(d2t), "t2d": str(t2d)}, indent=1) + "\n"
+        )  # fmt: skip
+    log.info("untrained draft (seed %d) written to %s", seed, out_dir)
+    return Path(out_dir)
+
+
+# ---------------------------------------------------------------- vLLM counters
+
+
+def read_counters(metrics) -> dict:
+    """vLLM's counters this evaluation uses, summed over label sets (engines)."""
+    counters: dict = {name: 0 for name in COUNTERS}
+    per_pos: list[int] = []
+    for metric in metrics:
+        if metric.name in counters and hasattr(metric, "value"):
+            counters[metric.name] += int(metric.value)
+        elif metric.name == ACCEPTED_PER_POS and hasattr(metric, "values"):
+            for i, value in enumerate(metric.values):
+                if i == len(per_pos):
+                    per_pos.append(0)
+                per_pos[i] += int(value)
+    counters[ACCEPTED_PER_POS] = per_pos
+    return counters
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    delta = {name: after[name] - before[name] for name in COUNTERS}
+    b, a = before[ACCEPTED_PER_POS], after[ACCEPTED_PER_POS]
+    b = b + [0] * (len(a) - len(b))
+    delta[ACCEPTED_PER_POS] = [x - y for x, y in zip(a, b, strict=False)]
+    return delta
+
+
+def acceptance(counters: dict, k: int) -> dict:
+    """Acceptance numbers from one run's counter deltas; checks vLLM's counters agree."""
+    drafts, draft_tokens, accepted = counters[DRAFTS], counters[DRAFT_TOKENS], counters[ACCEPTED]
+    per_pos = counters[ACCEPTED_PER_POS]
+    if drafts <= 0 or draft_tokens <= 0:
+        raise RuntimeError(
+            f"vLLM counted no drafts ({DRAFTS}={drafts}, {DRAFT_TOKENS}={draft_tokens}): "
+            "speculative decoding did not run; see the engine log above"
+        )
+    if not (accepted <= draft_tokens <= drafts * k) or sum(per_pos) != accepted or len(per_pos) > k:
+        raise RuntimeError(f"vLLM's spec-decode counters disagree with each other (k={k}): {counters}")
+    return {
+        "acceptance_rate": accepted / draft_tokens,
+        "mean_acceptance_length": 1 + accepted / drafts,
+        "acceptance_per_position": [n / drafts for n in per_pos] + [0.0] * (k - len(per_pos)),
+    }
+
+
+# ---------------------------------------------------------------- the runs
+
+
+def check_lossless(prompts: list[Prompt], reference: list[list[int]], speculative: list[list[int]], draft: str, tokenizer=None) -> None:
+    """Raise LosslessError naming the first prompt whose speculative output differs."""
+    if len(reference) != len(prompts) or len(speculative) != len(prompts):
+        raise LosslessError(
+            f"{draft} draft: {len(speculative)} speculative and {len(reference)} reference outputs for {len(prompts)} prompts"
+        )
+    for prompt, ref, spec in zip(prompts, reference, speculative, strict=True):
+        if list(ref) == list(spec):
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ref, spec, strict=False)) if a != b), min(len(ref), len(spec)))
+
+        def show(ids, at=at):
+            return repr(tokenizer.decode(ids[max(0, at - 8) : at + 8])) if tokenizer else str(list(ids[max(0, at - 8) : at + 8]))
+
+        raise LosslessError(
+            f"speculative decoding with the {draft} draft changed the greedy output of held-out prompt "
+            f"{prompt.id!r} at output token {at} (target alone: {len(ref)} tokens, around it {show(ref)}; "
+            f"with the draft: {len(spec)} tokens, around it {show(spec)}). Greedy speculative decoding must be "
+            "lossless: this is a vLLM/numerics problem, not a bad draft; check the vLLM version and dtype."
+        )
+
+
+def create_llm(target_dir: str | Path, settings: EvaluateSettings, draft: str | Path | None = None):
+    """The target in vLLM (as every stage loads it), with `draft` for eagle3 speculation."""
+    from draftline.engine import configure_vllm_cpu, default_dtype, has_cuda
+
+    configure_vllm_cpu(settings.threads)
+    from vllm import LLM
+
+    extra = {}
+    if draft is not None:
+        extra["speculative_config"] = {
+            "method": "eagle3",
+            "model": str(draft),
+            "num_speculative_tokens": settings.num_speculative_tokens,
+        }
+    return LLM(
+        model=str(target_dir),
+        dtype=default_dtype(settings.dtype),
+        max_model_len=settings.max_model_len,
+        enforce_eager=not has_cuda() if settings.enforce_eager is None else settings.enforce_eager,
+        trust_remote_code=settings.trust_remote_code,
+        seed=settings.seed,
+        disable_log_stats=False,  # the spec-decode counters are only kept with stats on
+        **extra,
+    )
+
+
+def shutdown_llm(llm) -> None:
+    """Stop the engine processes before the next engine starts (memory, cores)."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as error:  # noqa: BLE001 - best effort; the process exits anyway
+        log.debug("engine shutdown: %s", error)
+    gc.collect()
+
+
+def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
+    """One warm-up request, then every prompt in one batched greedy call, timed and counted."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+    llm.chat([prompts[0].messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False, chat_template=chat_template)
+    before = read_counters(llm.get_metrics())
+    started = time.perf_counter()
+    outputs = llm.chat([p.messages for p in prompts], params, use_tqdm=False, chat_template=chat_template)
+    seconds = time.perf_counter() - started
+    delta = counter_delta(before, read_counters(llm.get_metrics()))
+    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+    output_tokens = sum(len(t) for t in token_ids)
+    if delta[GENERATION_TOKENS] != output_tokens:
+        raise RuntimeError(
+            f"vLLM counted {delta[GENERATION_TOKENS]} generated tokens but returned {output_tokens}: "
+            "its counters do not describe this run"
+        )
+    return {
+        "token_ids": token_ids,
+        "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outputs),
+        "output_tokens": output_tokens,
+        "seconds": round(seconds, 3),
+        "output_tokens_per_s": round(output_tokens / seconds, 2) if seconds else None,
+        "counters": delta,
+    }
+
+
+def fitting_prompts(tokenizer, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> tuple[list[Prompt], list[str]]:
+    """Prompts with room for max_new_tokens within max_model_len, and the ids left out."""
+    kept, skipped = [], []
+    for prompt in prompts:
+        text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n + settings.max_new_tokens <= settings.max_model_len:
+            kept.append(prompt)
+        else:
+            skipped.append(prompt.id)
+    return kept, skipped
+
+
+def evaluate(
+    target_dir: str | Path,
+    heldout: str | Path,
+    drafts: dict[str, str | Path],
+    out_json: str | Path,
+    settings: EvaluateSettings,
+) -> dict:
+    """Measure each draft (name -> checkpoint folder) against the target alone; write out_json.
+
+    `drafts` is typically {"trained": final/, "untrained": baseline/}: all in this one call, on
+    the same prompts, with the same settings.
+    """
+    from draftline.atomic import atomic_file
+
+    chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
+    prompts = read_prompts(heldout, settings.max_prompts)
+    k = settings.num_speculative_tokens
+    log.info("%d held-out prompts from %s; target %s; drafts %s; %s", len(prompts), heldout, target_dir, drafts, settings)
+
+    started = time.monotonic()
+    llm = create_llm(target_dir, settings)
+    log.info("target alone: loaded in %.1f s", time.monotonic() - started)
+    prompts, skipped = fitting_prompts(llm.get_tokenizer(), prompts, settings, chat_template)
+    if skipped:
+        log.warning("%d prompts left out: prompt + max_new_tokens exceeds max_model_len=%d: %s", len(skipped), settings.max_model_len, skipped)
+    if not prompts:
+        raise ValueError(f"no held-out prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
+    tokenizer = llm.get_tokenizer()
+    reference = timed_generate(llm, prompts, settings, chat_template)
+    shutdown_llm(llm)
+    del llm
+    log.info(
+        "target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
+        len(prompts), reference["prompt_tokens"], reference["output_tokens"], reference["seconds"], reference["output_tokens_per_s"],
+    )  # fmt: skip
+
+    results = {}
+    for name, checkpoint in drafts.items():
+        load_started = time.monotonic()
+        llm = create_llm(target_dir, settings, draft=checkpoint)
+        log.info("%s draft %s: loaded in %.1f s", name, checkpoint, time.monotonic() - load_started)
+        run = timed_generate(llm, prompts, settings, chat_template)
+        shutdown_llm(llm)
+        del llm
+        check_lossless(prompts, reference["token_ids"], run["token_ids"], name, tokenizer)
+        numbers = acceptance(run["counters"], k)
+        results[name] = {
+            "checkpoint": str(checkpoint),
+            **numbers,
+            "output_tokens_per_s": run["output_tokens_per_s"],
+            "speedup": round(run["output_tokens_per_s"] / reference["output_tokens_per_s"], 3),
+            "output_tokens": run["output_tokens"],
+            "seconds": run["seconds"],
+            "counters": run["counters"],
+        }
+        log.info(
+            "%s draft: mean acceptance length %.3f, acceptance rate %.3f, per position %s, %.1f tok/s (target alone %.1f); "
+            "outputs identical to the target's on all %d prompts",
+            name, numbers["mean_acceptance_length"], numbers["acceptance_rate"],
+            [round(x, 3) for x in numbers["acceptance_per_position"]], run["output_tokens_per_s"],
+            reference["output_tokens_per_s"], len(prompts),
+        )  # fmt: skip
+
+    summary = {
+        "num_speculative_tokens": k,
+        "prompts": len(prompts),
+        "prompts_left_out": skipped,
+        "prompt_ids": [p.id for p in prompts],
+        "prompt_tokens": reference["prompt_tokens"],
+        "output_tokens": reference["output_tokens"],
+        "lossless": True,  # check_lossless raised otherwise
+        "target_alone": {
+            "output_tokens_per_s": reference["output_tokens_per_s"],
+            "seconds": reference["seconds"],
+            "counters": reference["counters"],
+        },
+        "drafts": results,
+        "timing": "all prompts in one batched greedy generate call per engine, after a warm-up request",
+        "settings": {k_: v for k_, v in asdict(settings).items() if k_ != "threads"},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    with atomic_file(out_json, encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=1)
+        handle.write("\n")
+    return summary

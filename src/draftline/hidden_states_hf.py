@@ -1,0 +1,231 @@
+"""Hidden-state extraction with transformers (`hidden_states.backend: transformers`).
+
+For machines without vLLM, and as a cross-check of vLLM's extraction. It fills the same
+staging folder with the same files (`hs_<row>.safetensors`: `hidden_states` [seq,
+n_extracted, hidden], `token_ids` [seq]) that `draftline.hidden_states.extract_shard`
+validates and publishes; only the forward pass differs.
+
+Convention (tests/test_hidden_states_hf.py checks it against vLLM, layer by layer): vLLM's
+layer id i is transformers' `output_hidden_states=True` entry `hidden_states[i]` for
+i < num_hidden_layers. Transformers' last entry has the final norm applied, while vLLM's
+last id is the un-normed output of the last decoder layer, so that one is read from the
+final norm's input (a forward pre-hook) instead.
+
+Speed: rows are sorted by length and run in padded batches of up to `batch_tokens` tokens
+through the decoder only (no lm_head: the logits are not needed). Each batch's states are
+copied to pinned host memory on a side CUDA stream while the next batch computes, and
+writer threads save and validate the files meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_TOKENS = 32768
+WRITERS = 4
+MAX_BATCHES_IN_FLIGHT = 2  # bounds host memory held by batches waiting to be written
+
+
+def load_decoder(target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False):
+    """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(target_dir), dtype=getattr(torch, dtype), device_map=device,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    decoder = model.get_decoder()
+    if not hasattr(decoder, "norm"):
+        raise ValueError(
+            f"{target_dir}: the transformers backend reads the last layer from the decoder's final "
+            f"norm input, but {type(decoder).__name__} has no `norm`; use hidden_states.backend: vllm"
+        )
+    return decoder.eval()
+
+
+def batches(rows: Sequence[int], lengths: dict[int, int], batch_tokens: int, max_rows: int) -> list[list[int]]:
+    """Rows sorted by length (longest first), grouped so that padded size <= batch_tokens.
+
+    A row longer than `batch_tokens` gets a batch of its own.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    for r in sorted(rows, key=lambda r: (-lengths[r], r)):
+        # Longest first: the first row of a batch sets its padded length.
+        padded = lengths[current[0]] * (len(current) + 1) if current else lengths[r]
+        if current and (padded > batch_tokens or len(current) >= max_rows):
+            out.append(current)
+            current = []
+        current.append(r)
+    if current:
+        out.append(current)
+    return out
+
+
+class HFExtractor:
+    """Runs batches through the decoder and hands each row's states to writer threads."""
+
+    def __init__(self, decoder, extracted: Sequence[int], hidden_size: int, dtype: str):
+        import torch
+
+        self.decoder = decoder
+        self.extracted = list(extracted)
+        self.n = int(decoder.config.num_hidden_layers)
+        if self.extracted[-1] != self.n:
+            raise ValueError(f"the last extracted layer must be {self.n}, got {self.extracted}")
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.device = next(decoder.parameters()).device
+        self.cuda = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._last: list = []
+        decoder.norm.register_forward_pre_hook(lambda mod, args: self._last.append(args[0]))
+
+    def forward(self, token_ids: Sequence[Sequence[int]]):
+        """Stacked states [batch, max_len, n_extracted, hidden] on the device (right-padded)."""
+        import torch
+
+        longest = max(map(len, token_ids))
+        ids = torch.zeros((len(token_ids), longest), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, row in enumerate(token_ids):
+            ids[b, : len(row)] = torch.as_tensor(row)
+            mask[b, : len(row)] = 1
+        self._last.clear()
+        with torch.inference_mode():
+            out = self.decoder(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                output_hidden_states=True, use_cache=False,
+            )  # fmt: skip
+            if len(out.hidden_states) != self.n + 1 or len(self._last) != 1:
+                raise RuntimeError(
+                    f"{type(self.decoder).__name__} returned {len(out.hidden_states)} hidden states "
+                    f"(expected {self.n + 1}) and called its final norm {len(self._last)} times "
+                    "(expected 1): this architecture does not follow the Llama layout"
+                )
+            layers = [out.hidden_states[i] for i in self.extracted[:-1]] + [self._last[0]]
+            states = torch.stack(layers, dim=2)
+        self._last.clear()
+        return states
+
+    def to_host(self, states):
+        """Start the device->host copy; return (host tensor, event to wait on)."""
+        import torch
+
+        if not self.cuda:
+            return states, None
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.copy_stream):
+            host.copy_(states, non_blocking=True)
+            states.record_stream(self.copy_stream)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        return host, event
+
+
+def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden: int, row: int, dtype: str) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from draftline.hidden_states import validate_hidden_state_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(
+        {"hidden_states": states.contiguous(), "token_ids": torch.as_tensor(list(ids), dtype=torch.long)},
+        str(tmp),
+    )
+    # The same check the vLLM path runs on every file before it is staged.
+    tokens = validate_hidden_state_file(tmp, ids, extracted_n, hidden, row=row, dtype=dtype)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return tokens
+
+
+def run_batches(
+    extractor: HFExtractor, rows: Sequence[int], ids_by_row, dest_dir: Path, *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS, max_rows: int = 64, writers: int = WRITERS,
+) -> int:  # fmt: skip
+    """Extract `rows` into `dest_dir/hs_<row>.safetensors`; return the token count."""
+    from draftline.hidden_states import file_name
+
+    lengths = {r: len(ids_by_row[r]) for r in rows}
+    plan = batches(rows, lengths, batch_tokens, max_rows)
+    total = sum(lengths.values())
+    done = {"rows": 0, "tokens": 0}
+    lock = threading.Lock()
+    in_flight = threading.BoundedSemaphore(MAX_BATCHES_IN_FLIGHT)
+    t0 = time.perf_counter()
+    last_log = [t0]
+
+    def write_batch(batch: list[int], host, event) -> None:
+        try:
+            if event is not None:
+                event.synchronize()
+            for b, r in enumerate(batch):
+                n = lengths[r]
+                _write_row(dest_dir / file_name(r), host[b, :n], ids_by_row[r], len(extractor.extracted),
+                           extractor.hidden_size, r, extractor.dtype)
+                with lock:
+                    done["rows"] += 1
+                    done["tokens"] += n
+        finally:
+            in_flight.release()
+        now = time.perf_counter()
+        with lock:
+            if now - last_log[0] >= 10 or done["rows"] == len(rows):
+                last_log[0] = now
+                rate = done["tokens"] / (now - t0)
+                log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s", done["rows"], len(rows),
+                         done["tokens"], rate, (total - done["tokens"]) / rate if rate else 0)
+
+    futures: list[Future] = []
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        for batch in plan:
+            in_flight.acquire()
+            try:
+                states = extractor.forward([ids_by_row[r] for r in batch])
+                host, event = extractor.to_host(states)
+                del states
+            except BaseException:
+                in_flight.release()
+                raise
+            futures.append(pool.submit(write_batch, batch, host, event))
+            # Surface a writer's error (a failed validation) without waiting for the end.
+            for f in [f for f in futures if f.done()]:
+                f.result()
+                futures.remove(f)
+        for f in futures:
+            f.result()
+    return done["tokens"]
+
+
+def extract_rows(todo, ids_by_row, target, extracted, staging: Path, *, dtype, threads,
+                 batch_tokens: int | None = None, chunk_rows: int = 64, trust_remote_code: bool = False,
+                 **_vllm_only) -> tuple[int, float, float]:  # fmt: skip
+    """The transformers counterpart of `hidden_states._extract_rows`: (tokens, load_s, extract_s)."""
+    import torch
+
+    from draftline.engine import has_cuda
+
+    device = "cuda" if has_cuda() else "cpu"
+    if device == "cpu" and threads:
+        torch.set_num_threads(int(threads))
+    t0 = time.perf_counter()
+    decoder = load_decoder(target.dir, dtype, device, trust_remote_code)
+    load_s = time.perf_counter() - t0
+    log.info("transformers decoder ready on %s in %.1f s", device, load_s)
+    extractor = HFExtractor(decoder, extracted, target.hidden_size, dtype)
+    t1 = time.perf_counter()
+    tokens = run_batches(extractor, todo, ids_by_row, staging,
+                         batch_tokens=batch_tokens or DEFAULT_BATCH_TOKENS, max_rows=chunk_rows)
+    return tokens, load_s, time.perf_counter() - t1

@@ -1,0 +1,202 @@
+"""The tiny-model pipeline through profiles/slurm on a real single-node Slurm with two fake GPUs.
+
+Skipped (with the reason) where Slurm cannot be installed or started. The cluster declares a
+big node (32 CPUs, 256 GB, 2 GPUs) so the shipped profile's GPU-node requests schedule
+unchanged; nothing enforces them here. Regeneration is off to keep the test small (one vLLM
+engine less per run); the GPU rules exercised are the hidden-state shards and training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from slurm_cluster import SlurmCluster, Unavailable
+from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
+
+PROFILE = REPO / "profiles" / "slurm"
+GPU_RULES = {"regenerate", "hidden_states_shard", "train", "evaluate"}
+# Settings for a cluster without slurmdbd (docs/cluster.md), fast status checks.
+TEST_SLURM_ARGS = (
+    "--slurm-status-command", "squeue",
+    "--slurm-init-seconds-before-status-checks", "1",
+    "--slurm-no-account",
+)
+# With regeneration off, the answers to train on come with the prompts.
+CONVERSATIONS = [
+    ("What is the capital of France?", "Paris."), ("Write a haiku about rain.", "Soft rain on the roof."),
+    ("Explain gravity briefly.", "Masses attract each other."), ("List three fruits.", "Apple, pear, plum."),
+    ("How do I boil an egg?", "Simmer it for eight minutes."), ("What is 2 + 2?", "4."),
+    ("Name a color.", "Blue."),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=2, cpus=32, memory_mb=262144)
+    try:
+        slurm.start()
+    except Unavailable as why:
+        pytest.skip(f"no real Slurm on this machine: {why}")
+    yield slurm
+    slurm.stop()
+
+
+def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = ()) -> Path:
+    with open(workdir / "prompts.jsonl", "w") as f:
+        for prompt, answer in CONVERSATIONS:
+            f.write(json.dumps({"messages": [{"role": "user", "content": prompt},
+                                             {"role": "assistant", "content": answer}]}) + "\n")
+        for row in extra_rows:
+            f.write(row + "\n")
+    write_config(workdir, {
+        "target": {"model": str(tiny_model)},
+        "prompts": {"sources": ["prompts.jsonl"], "heldout": 1},
+        "regenerate": {"enabled": False},
+        "tokenize": {"max_seq_len": 256},
+        "hidden_states": {"shards": 2},
+        "vocab": {"draft_vocab_size": 256},
+        "train": {"epochs": 1, "total_seq_len": 256},
+    })
+    return workdir
+
+
+def run(workdir: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(env if env is not None else os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    result = subprocess.run(
+        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+         "--configfile", str(workdir / "config.yaml"), *args],
+        cwd=workdir, capture_output=True, text=True, env=env, timeout=1800,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n"
+                             f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, tiny_model):
+    workdir = make_workdir(tmp_path_factory.mktemp("local-run"), tiny_model)
+    run(workdir, "--cores", "2", "results/checkpoint/final")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tmp_path_factory, tiny_model, cluster, local_run):
+    workdir = make_workdir(tmp_path_factory.mktemp("slurm-run"), tiny_model)
+    plan = planned_jobs(workdir, "results/checkpoint/final")
+    start = len(cluster.sbatch_calls())
+    run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS, "--jobs", "4",
+        "results/checkpoint/final", env=cluster.env())
+    return workdir, plan, cluster.sbatch_calls()[start:]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """Value of `name` in an sbatch argument list (`--x v` or `--x=v`)."""
+    for i, arg in enumerate(args):
+        if arg == name:
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def rule_of(args: list[str]) -> str:
+    comment = flag(args, "--comment")  # the plugin's "rule_<name>[_wildcards_<w>]"
+    return re.sub(r"_wildcards_.*$", "", comment).removeprefix("rule_")
+
+
+def profile_resource(rule: str, key: str, attempt: int = 1) -> int:
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    value = profile["set-resources"].get(rule, {}).get(key, profile["default-resources"].get(key))
+    return int(eval(str(value), {"attempt": attempt}))
+
+
+def test_every_job_went_through_sbatch(slurm_run):
+    workdir, plan, calls = slurm_run
+    submitted: dict[str, int] = {}
+    for args in calls:
+        submitted[rule_of(args)] = submitted.get(rule_of(args), 0) + 1
+    assert plan and submitted == plan
+
+
+def test_resources_reached_sbatch(slurm_run):
+    _, _, calls = slurm_run
+    for args in calls:
+        rule = rule_of(args)
+        assert flag(args, "--mem") == str(profile_resource(rule, "mem_mb")), (rule, args)
+        assert flag(args, "-t") == str(profile_resource(rule, "runtime")), (rule, args)
+        if rule in GPU_RULES:
+            assert flag(args, "--gpus") == str(profile_resource(rule, "gpu")), (rule, args)
+            assert flag(args, "--cpus-per-gpu") == str(profile_resource(rule, "cpus_per_gpu")), (rule, args)
+        else:
+            assert flag(args, "--gpus") is None, (rule, args)
+
+
+def test_gpu_jobs_got_a_gpu_from_slurm(slurm_run):
+    workdir, _, _ = slurm_run
+    logs = [workdir / "logs/hidden_states/shard_0.log", workdir / "logs/hidden_states/shard_1.log",
+            workdir / "logs/train.log"]
+    for log in logs:
+        # written by draftline.devices inside the job, from the job's own environment
+        found = re.findall(r"Slurm job (\d+): CUDA_VISIBLE_DEVICES=(\S+) \(set by Slurm\)", log.read_text())
+        assert len(found) == 1, log
+        assert found[0][1] in {"0", "1"}, (log, found)
+
+
+def test_outputs_equal_a_local_run(slurm_run, local_run):
+    from datasets import load_from_disk
+
+    slurm, _, _ = slurm_run
+    for name in ("prompts/prompts.jsonl", "target/layer_ids.json", "config/config.json"):
+        assert (slurm / "results" / name).read_text() == (local_run / "results" / name).read_text(), name
+    a = load_from_disk(str(slurm / "results/tokenized/dataset"))
+    b = load_from_disk(str(local_run / "results/tokenized/dataset"))
+    assert a.to_dict() == b.to_dict()
+    assert torch.equal(torch.load(slurm / "results/tokenized/token_freq.pt"),
+                       torch.load(local_run / "results/tokenized/token_freq.pt"))
+    for name in ("d2t.npy", "t2d.npy"):
+        assert np.array_equal(np.load(slurm / "results/vocab" / name), np.load(local_run / "results/vocab" / name))
+    view_a, view_b = slurm / "results/hidden_states/all", local_run / "results/hidden_states/all"
+    files = sorted(p.name for p in view_b.iterdir())
+    assert files and sorted(p.name for p in view_a.iterdir()) == files
+    for name in files:
+        ta, tb = load_file(view_a / name), load_file(view_b / name)
+        assert ta.keys() == tb.keys()
+        for key in tb:
+            assert torch.equal(ta[key], tb[key]), (name, key)
+    # Training is seeded; the same data and settings give the same draft.
+    wa = load_file(slurm / "results/checkpoint/final/model.safetensors")
+    wb = load_file(local_run / "results/checkpoint/final/model.safetensors")
+    assert wa.keys() == wb.keys()
+    for key in wb:
+        assert torch.allclose(wa[key], wb[key], atol=1e-6), key
+
+
+def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):
+    # A malformed second row passes the parse-time check (first row only) and fails the
+    # prompts job itself: both attempts fail, the second with the profile's grown resources.
+    workdir = make_workdir(tmp_path, tiny_model, extra_rows=["{not json"])
+    start = len(cluster.sbatch_calls())
+    result = run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS,
+                 "results/prompts/prompts.jsonl", env=cluster.env(), check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    calls = [c for c in cluster.sbatch_calls()[start:] if rule_of(c) == "prompts"]
+    assert [flag(c, "--mem") for c in calls] == [str(profile_resource("prompts", "mem_mb", a)) for a in (1, 2)]
+    assert [flag(c, "-t") for c in calls] == [str(profile_resource("prompts", "runtime", a)) for a in (1, 2)]
+    # The rule's log (shown in full, with the reason) and the Slurm job's own log are named.
+    assert "logs/prompts.log" in out
+    assert "prompts.jsonl" in out and "line 8" in out
+    slurm_logs = re.findall(r"(\S*\.snakemake/slurm_logs/rule_prompts/\d+\.log)", out)
+    assert slurm_logs and all(Path(p).exists() for p in slurm_logs)
