@@ -19,6 +19,10 @@ from pathlib import Path
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "munged"]
+# Job steps cannot use SLURM_CONF: the executor plugin strips SLURM_* variables before the
+# `srun` inside each job, so srun reads the system path. A copy goes there while we run.
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "# draftline test cluster: "
 
 
 class Unavailable(Exception):
@@ -108,6 +112,9 @@ class SlurmCluster:
             self._spawn("slurmctld", [_find("slurmctld"), "-D", "-c", "-f", str(self.conf)])
             self._spawn("slurmd", [_find("slurmd"), "-D", "-f", str(self.conf)])
             self._wait_idle(timeout_s)
+        except Unavailable:
+            self.stop()
+            raise
         except Exception:
             logs = self.logs_tail()
             self.stop()
@@ -157,6 +164,7 @@ class SlurmCluster:
                 os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
         r = self.root
         (r / "etc" / "slurm.conf").write_text(f"""\
+{MARKER}{r}
 ClusterName=draftline-test
 SlurmctldHost={host}
 SlurmctldPort={_free_port()}
@@ -191,9 +199,31 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
         (r / "etc" / "gres.conf").write_text(
             f"AutoDetect=off\nName=gpu File={dev}/gpu[0-{self.gpus - 1}]\n")
+        self._install_system_conf()
         wrapper = r / "bin" / "sbatch"
         wrapper.write_text(SBATCH_WRAPPER.format(calls=self.sbatch_calls_file, sbatch=_find("sbatch")))
         wrapper.chmod(0o755)
+
+    def _install_system_conf(self) -> None:
+        if SYSTEM_CONF.exists() and not SYSTEM_CONF.read_text().startswith(MARKER):
+            raise Unavailable(f"{SYSTEM_CONF} already exists (a real Slurm here?): not replacing it")
+        if SYSTEM_CONF.exists() and not self._ours(SYSTEM_CONF) and self._owner_alive(SYSTEM_CONF):
+            raise Unavailable(f"{SYSTEM_CONF} belongs to another running test cluster")
+        SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        SYSTEM_CONF.write_text(self.conf.read_text())
+
+    def _ours(self, path: Path) -> bool:
+        return path.read_text().startswith(f"{MARKER}{self.root}\n")
+
+    @staticmethod
+    def _owner_alive(path: Path) -> bool:
+        root = Path(path.read_text().splitlines()[0].removeprefix(MARKER))
+        pid_file = root / "state" / "slurmctld.pid"
+        try:
+            os.kill(int(pid_file.read_text().strip()), 0)
+            return True
+        except (OSError, ValueError):
+            return False
 
     def _wait_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -224,6 +254,8 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if jobs:
                 subprocess.run([_find("scancel"), *jobs], env=self.env(), check=False)
                 time.sleep(2)
+        if SYSTEM_CONF.exists() and self._ours(SYSTEM_CONF):
+            SYSTEM_CONF.unlink()
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
