@@ -417,18 +417,18 @@ def shard_cmd(work: Path, target: Path, out_dir: Path, shard: int, n: int, batch
 
 
 def parallel_shards(work: Path, target: Path, batch_tokens: int) -> dict:
-    """Shards 0 and 1 of 2: one after the other on GPU 0, then at once on GPUs 0 and 1."""
+    """Shards 0 and 1 of 2: one after the other on GPU 0, then at once, each job taking a free
+    GPU through the scripts' local device assignment (`draftline.devices.claim_gpus(1)`)."""
     from safetensors.torch import load_file
 
-    def env(dev):
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": str(dev)}
-
+    env_seq = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    env_par = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     t0 = time.perf_counter()
     for k in (0, 1):
-        subprocess.run(shard_cmd(work, target, work / "seq" / f"shard_{k}", k, 2, batch_tokens), env=env(0), check=True)
+        subprocess.run(shard_cmd(work, target, work / "seq" / f"shard_{k}", k, 2, batch_tokens), env=env_seq, check=True)
     seq_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(shard_cmd(work, target, work / "par" / f"shard_{k}", k, 2, batch_tokens), env=env(k))
+    procs = [subprocess.Popen(shard_cmd(work, target, work / "par" / f"shard_{k}", k, 2, batch_tokens), env=env_par)
              for k in (0, 1)]
     codes = [p.wait() for p in procs]
     par_s = time.perf_counter() - t0
@@ -450,7 +450,8 @@ def parallel_shards(work: Path, target: Path, batch_tokens: int) -> dict:
                 differ.append(r)
             one = load_file(work / "hs" / "shard_0" / f"hs_{r}.safetensors")["hidden_states"]
             max_diff_vs_one_shard = max(max_diff_vs_one_shard, (one.float() - a["hidden_states"].float()).abs().max().item())
-    return {"sequential_s": round(seq_s, 1), "parallel_s": round(par_s, 1), "speedup": round(seq_s / par_s, 2),
+    claimed = {k: (work / "par" / f"claimed_{k}.txt").read_text() for k in (0, 1)}
+    return {"sequential_s": round(seq_s, 1), "parallel_s": round(par_s, 1), "parallel_devices": claimed, "speedup": round(seq_s / par_s, 2),
             "rows_identical": identical, "rows_differing": differ, "shards": manifests,
             "max_abs_diff_vs_single_shard_run": max_diff_vs_one_shard,
             "commands": [shlex.join(shard_cmd(work, target, work / "par" / f"shard_{k}", k, 2, batch_tokens))
@@ -521,7 +522,7 @@ def main() -> None:
     ap.add_argument("--total-seq-len", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--stages", default="matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,"
-                                        "reference_fwd_bwd,train_ddp2,train_fsdp2,parallel_shards")
+                                        "reference_fwd_bwd,train_ddp2,parallel_shards,train_fsdp2")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -564,10 +565,10 @@ def main() -> None:
         stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
     stage("reference_fwd_bwd", lambda: reference_fwd_bwd(a.work, target, a.total_seq_len, 20))
     stage("train_ddp2", lambda: training(a.work, target, "train_ddp2", 2, a.epochs, a.total_seq_len), 2)
+    stage("parallel_shards", lambda: parallel_shards(a.work, target, a.batch_tokens), 2)
     stage("train_fsdp2", lambda: training(a.work, target, "train_fsdp2", 2, a.epochs, a.total_seq_len, fsdp=True), 2)
     if "train_fsdp2" in ctx:
         stage("checkpoint_fsdp", lambda: checkpoint_check(Path(ctx["train_fsdp2"]["final"])))
-    stage("parallel_shards", lambda: parallel_shards(a.work, target, a.batch_tokens), 2)
     res.data["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     res.save()
     (a.out / "results.md").write_text(markdown(res.data))
@@ -586,8 +587,13 @@ def extract_shard_main() -> None:
     ap.add_argument("--batch-tokens", type=int)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
+    from draftline.devices import claim_gpus
     from draftline.hidden_states import extract_shard
 
+    # As scripts/hidden_states.py does: take one free GPU before CUDA starts.
+    got = claim_gpus(1)
+    a.out_dir.parent.mkdir(parents=True, exist_ok=True)
+    (a.out_dir.parent / f"claimed_{a.shard}.txt").write_text(f"{got} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
     extract_shard(a.work / "dataset", a.target, json.loads((a.work / "layer_ids.json").read_text()), a.shard,
                   a.num_shards, a.out_dir, backend="transformers", batch_tokens=a.batch_tokens, threads=4,
                   staging_root=a.out_dir.parent / f".staging-{a.shard}")
