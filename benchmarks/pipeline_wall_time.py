@@ -1,0 +1,58 @@
+"""Wall time of every stage of a finished run, from Snakemake's per-job benchmark files.
+
+    python benchmarks/pipeline_wall_time.py [WORKDIR] [--budget-min 20] [--out PREFIX]
+
+Reads WORKDIR/results/benchmarks/**/*.tsv (one per job), prints each stage's seconds, the
+sum, and the ratio of the run's wall time (first job start to last job end, from the files'
+modification times) to the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import pandas as pd
+
+
+def stage_times(workdir: Path) -> pd.DataFrame:
+    rows = []
+    for tsv in sorted((workdir / "results" / "benchmarks").rglob("*.tsv")):
+        table = pd.read_csv(tsv, sep="\t")
+        job = str(tsv.relative_to(workdir / "results" / "benchmarks").with_suffix(""))
+        end = tsv.stat().st_mtime
+        seconds = float(table["s"].iloc[-1])
+        rows.append({"job": job, "seconds": seconds, "max_rss_mb": float(table["max_rss"].iloc[-1]),
+                     "start": end - seconds, "end": end})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workdir", nargs="?", default=".")
+    parser.add_argument("--budget-min", type=float, default=20.0)
+    parser.add_argument("--out", help="write PREFIX.md and PREFIX.json")
+    args = parser.parse_args()
+    times = stage_times(Path(args.workdir))
+    if times.empty:
+        raise SystemExit(f"no benchmark files under {args.workdir}/results/benchmarks")
+    wall = times["end"].max() - times["start"].min()
+    lines = ["| job | seconds | max RSS (MB) |", "|---|---|---|"]
+    for row in times.sort_values("start").itertuples():
+        lines.append(f"| {row.job} | {row.seconds:.0f} | {row.max_rss_mb:.0f} |")
+    summary = (
+        f"\nsum of job times: {times['seconds'].sum():.0f} s; run wall time: {wall:.0f} s "
+        f"= {wall / 60:.1f} min; budget {args.budget_min:.0f} min; ratio {wall / 60 / args.budget_min:.2f}"
+    )
+    print("\n".join(lines) + summary)
+    if args.out:
+        record = {"jobs": times.drop(columns=["start", "end"]).to_dict("records"), "wall_s": wall,
+                  "budget_min": args.budget_min, "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores"}
+        Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
+        Path(args.out + ".md").write_text("\n".join(lines) + summary + "\n")
+
+
+if __name__ == "__main__":
+    main()
