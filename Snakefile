@@ -18,10 +18,13 @@ include: "rules/layer_ids.smk"
 include: "rules/prompts.smk"
 include: "rules/regenerate.smk"
 include: "rules/tokenize.smk"
+include: "rules/disk.smk"
 include: "rules/hidden_states.smk"
 include: "rules/vocab.smk"
 include: "rules/speculator_config.smk"
 include: "rules/train.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 rule all:

@@ -46,8 +46,11 @@ wildcard_constraints:
 
 
 def code(*modules):
-    """The draftline modules a step runs, as inputs: a fix in one reruns the step."""
-    return [str(SRC / "draftline" / f"{m}.py") for m in modules]
+    """The draftline modules a step runs and every draftline module they import (parsed with
+    ast, transitively), as inputs: a fix in one, or in a helper it uses, reruns the step."""
+    from draftline.provenance import module_closure
+
+    return list(module_closure(str(SRC), tuple(modules)))
 
 
 def target_input():
@@ -66,4 +69,76 @@ def hidden_state_shards():
 
 
 def all_outputs():
-    return ["results/checkpoint/final"]
+    """The final draft (the main target), its lineage, its evaluation, and the report's plots."""
+    plots = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+    return [
+        "results/checkpoint/final",
+        "results/lineage.json",
+        "results/eval/acceptance.json",
+        *expand("results/report/{plot}.png", plot=plots),
+    ]
+
+
+# issue 4: the lineage rule (results/lineage.json); lead: move this include to the Snakefile.
+include: "lineage.smk"
+
+
+def _sort_keys(value):
+    if isinstance(value, dict):
+        return {k: _sort_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sort_keys(v) for v in value]
+    return value
+
+
+# A dict param (train=config["train"]) is compared by its repr: sorted keys, so reordering
+# config.yaml or the schema's defaults never reruns a job. Lists keep their order (it matters).
+for _key in sorted(config):
+    config[_key] = _sort_keys(config.pop(_key))
+
+
+# --- issue 6: the config against the target's shape; the hidden states' disk use -------------
+# (draftline.checks, draftline.disk; the rule is in rules/disk.smk)
+import json  # noqa: E402
+
+from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
+from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
+
+try:
+    TARGET_SHAPE = target_shape(TARGET.kind, TARGET.dir)
+    check_config(config, TARGET_SHAPE)
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+
+def _hidden_state_disk_use():
+    """While shards are still to extract: print the expected disk use (the rule's estimate, or
+    one from the tokenized summary) and hold it to hidden_states.max_disk_gb, which may have
+    changed since the rule ran (the limit is not a param, so changing it re-extracts nothing)."""
+    if all(Path(d).exists() for d in hidden_state_shards()):
+        return
+    estimate = Path("results/hidden_states/disk_estimate.json")
+    if estimate.is_file():
+        est = json.loads(estimate.read_text())
+    elif TARGET_SHAPE is not None:
+        layer_ids = Path("results/target/layer_ids.json")
+        setting = config["hidden_states"]["layer_ids"]
+        if layer_ids.is_file():
+            n_layers = len(json.loads(layer_ids.read_text())["extracted"])
+        else:  # "auto" is speculators' 3 aux layers; the last layer is always added
+            n_layers = (3 if setting == "auto" else len(setting)) + 1
+        est = parse_time_estimate("results/tokenized/summary.json", TARGET_SHAPE.hidden_size,
+                                  n_layers, config["target"]["dtype"])
+        if est is None:
+            return
+    else:
+        return
+    print(f"draftline: {describe(est)}", file=sys.stderr)
+    try:
+        check_limit(est, config["hidden_states"]["max_disk_gb"])
+    except DiskLimitError as error:
+        raise WorkflowError(str(error)) from None
+
+
+_hidden_state_disk_use()
+# --- end issue 6 -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ rule hidden_states_shard:
         dataset="results/tokenized/dataset",
         target=target_input(),
         layer_ids="results/target/layer_ids.json",
+        disk_estimate="results/hidden_states/disk_estimate.json",  # stops here when over max_disk_gb
         code=code("hidden_states", "vllm_cpu_connector", "engine"),
     output:
         directory("results/hidden_states/shard_{shard}"),

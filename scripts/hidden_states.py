@@ -5,6 +5,7 @@ import logging
 
 from draftline.devices import claim_gpus
 from draftline.hidden_states import extract_shard
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -24,3 +25,4 @@ if __name__ == "__main__":
         # hidden_states.backend: "vllm" (default) or "transformers" (draftline.hidden_states_hf)
         backend=snakemake.params.get("backend", "vllm"),
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -5,6 +5,7 @@ import logging
 
 from draftline.atomic import atomic_file
 from draftline.layers import resolve_layer_ids
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
@@ -16,3 +17,4 @@ if __name__ == "__main__":
     with atomic_file(snakemake.output[0]) as out:
         json.dump(record, out, indent=1)
         out.write("\n")
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -3,6 +3,7 @@
 import logging
 
 from draftline.prompts import build_prompts
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
@@ -18,3 +19,4 @@ if __name__ == "__main__":
         seed=snakemake.params.seed,
         regenerate_enabled=snakemake.params.regenerate_enabled,
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

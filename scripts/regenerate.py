@@ -3,6 +3,7 @@
 import logging
 
 from draftline.devices import claim_gpus
+from draftline.provenance import write_provenance
 from draftline.regenerate import RegenerateSettings, regenerate
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -26,3 +27,4 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             threads=snakemake.threads,
         ),
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

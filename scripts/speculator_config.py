@@ -2,6 +2,7 @@
 
 import logging
 
+from draftline.provenance import write_provenance
 from draftline.speculator_config import write_speculator_config
 
 if __name__ == "__main__":
@@ -15,3 +16,4 @@ if __name__ == "__main__":
         ttt_steps=snakemake.params.ttt_steps,
         trust_remote_code=snakemake.params.trust_remote_code,
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -3,6 +3,7 @@
 import logging
 from pathlib import Path
 
+from draftline.provenance import write_provenance
 from draftline.target_model import build_target, resolve_target
 
 if __name__ == "__main__":
@@ -19,3 +20,4 @@ if __name__ == "__main__":
         repo_root=Path.cwd(),
     )
     build_target(spec, snakemake.output[0], trust_remote_code=snakemake.params.trust_remote_code)
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -2,6 +2,7 @@
 
 import logging
 
+from draftline.provenance import write_provenance
 from draftline.tokenization import TokenizeSettings, tokenize
 
 if __name__ == "__main__":
@@ -19,3 +20,4 @@ if __name__ == "__main__":
             trust_remote_code=snakemake.params.trust_remote_code,
         ),
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -3,6 +3,7 @@
 import logging
 
 from draftline.devices import claim_gpus
+from draftline.provenance import write_provenance
 from draftline.train import TrainInputs, TrainSettings, train
 
 if __name__ == "__main__":
@@ -25,3 +26,4 @@ if __name__ == "__main__":
         # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
         gpus=int(snakemake.resources.get("gpu", 0)),
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

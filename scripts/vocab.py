@@ -2,6 +2,7 @@
 
 import logging
 
+from draftline.provenance import write_provenance
 from draftline.vocab import write_vocab
 
 if __name__ == "__main__":
@@ -15,3 +16,4 @@ if __name__ == "__main__":
         snakemake.output.summary,
         trust_remote_code=snakemake.params.trust_remote_code,
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -25,3 +26,39 @@ def tiny_model_generation_tags(tmp_path_factory) -> Path:
     return build_tiny_model(
         tmp_path_factory.mktemp("tiny-model-gen"), chat_template=CHATML_GENERATION_TEMPLATE
     )
+
+
+PROMPTS = [
+    "What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
+    "List three fruits.", "How do I boil an egg?", "What is 2 + 2?", "Name a color.",
+    "Say hello in Spanish.", "What is a hash table?", "Describe the sea.",
+    "Why is the sky blue?", "Give me a tip for sleeping well.", "What does a CPU do?",
+    "Tell me a joke.", "Translate 'cat' to French.", "Count to five.",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tiny_model):
+    """The whole chain to results/lineage.json on the tiny model (real vLLM CPU + Trainer), once
+    per session: tests read it, or copy it (workflow.copy_run) before changing anything."""
+    from workflow import snakemake, write_config
+
+    workdir = tmp_path_factory.mktemp("tiny-run")
+    with open(workdir / "prompts.jsonl", "w") as f:
+        for prompt in PROMPTS:
+            f.write(json.dumps({"prompt": prompt}) + "\n")
+        f.write(json.dumps({"messages": [
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "How are you?"},
+        ]}) + "\n")
+    write_config(workdir, {
+        "target": {"model": str(tiny_model)},
+        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "regenerate": {"max_new_tokens": 24},
+        "tokenize": {"max_seq_len": 256},
+        "hidden_states": {"shards": 2},
+        "vocab": {"draft_vocab_size": 256},
+        "train": {"epochs": 2, "total_seq_len": 512},
+    })
+    snakemake(workdir, "--cores", "2", "results/lineage.json")
+    return workdir

@@ -72,37 +72,8 @@ def test_missing_prompt_source_stops_at_parse_time(tmp_path):
     assert "no-such-file.jsonl" in result.stderr + result.stdout
 
 
-PROMPTS = [
-    "What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
-    "List three fruits.", "How do I boil an egg?", "What is 2 + 2?", "Name a color.",
-    "Say hello in Spanish.", "What is a hash table?", "Describe the sea.",
-    "Why is the sky blue?", "Give me a tip for sleeping well.", "What does a CPU do?",
-    "Tell me a joke.", "Translate 'cat' to French.", "Count to five.",
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, tiny_model):
-    """The whole chain to results/checkpoint/final on the tiny model (real vLLM CPU + Trainer)."""
-    workdir = tmp_path_factory.mktemp("tiny-run")
-    with open(workdir / "prompts.jsonl", "w") as f:
-        for prompt in PROMPTS:
-            f.write(json.dumps({"prompt": prompt}) + "\n")
-        f.write(json.dumps({"messages": [
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "How are you?"},
-        ]}) + "\n")
-    write_config(workdir, {
-        "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
-        "regenerate": {"max_new_tokens": 24},
-        "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
-        "vocab": {"draft_vocab_size": 256},
-        "train": {"epochs": 2, "total_seq_len": 512},
-    })
-    snakemake(workdir, "--cores", "2", "results/checkpoint/final")
-    return workdir
+# The tiny_run fixture (the whole chain on the tiny model) lives in conftest.py, shared by
+# test_reruns.py and test_resume.py.
 
 
 def test_tiny_chain_hidden_states_match_the_dataset(tiny_run, tiny_model):

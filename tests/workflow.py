@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +20,16 @@ def write_config(workdir: Path, config: dict) -> Path:
     return path
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """`snakemake` on this repo's Snakefile with `workdir` as its working directory."""
-    env = dict(os.environ)
+def snakemake(
+    workdir: Path, *args: str, check: bool = True, timeout: int = 1800, repo: Path = REPO,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """`snakemake` on `repo`'s Snakefile (this repo's by default) with `workdir` as its working directory."""
+    env = dict(os.environ if env is None else env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     cmd = [
         SNAKEMAKE,
-        "--snakefile", str(REPO / "Snakefile"),
+        "--snakefile", str(Path(repo) / "Snakefile"),
         "--directory", str(workdir),
         "--configfile", str(workdir / "config.yaml"),
         *args,
@@ -39,9 +43,11 @@ def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 1800
     return result
 
 
-def planned_jobs(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> dict[str, int]:
+def planned_jobs(
+    workdir: Path, *targets: str, extra: tuple[str, ...] = (), repo: Path = REPO
+) -> dict[str, int]:
     """Rule name -> job count from a dry run's 'Job stats' table ({} when nothing is planned)."""
-    out = snakemake(workdir, "-n", *extra, *targets)
+    out = snakemake(workdir, "-n", *extra, *targets, repo=repo)
     lines = (out.stdout + out.stderr).splitlines()
     counts: dict[str, int] = {}
     for i, line in enumerate(lines):
@@ -54,3 +60,47 @@ def planned_jobs(workdir: Path, *targets: str, extra: tuple[str, ...] = ()) -> d
             break
     counts.pop("all", None)
     return counts
+
+
+# What a copy of the workflow needs (a test may edit the copy's code, never the repo's).
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def copy_run(workdir: Path, dest: Path) -> Path:
+    """A copy of a finished run's folder (results, Snakemake's metadata), mtimes and links kept,
+    so a test can change its inputs without touching the shared run."""
+    shutil.copytree(workdir, dest, symlinks=True)
+    return dest
+
+
+def fake_finished_run(workdir: Path, *targets: str, repo: Path = REPO) -> None:
+    """Make `workdir` look like a finished run without running a job: a placeholder for every
+    output of the DAG (a folder where the path has no suffix), then `--touch` so Snakemake
+    records their metadata (params, input set, code checksums) in job order."""
+    out = snakemake(workdir, "--summary", *targets, repo=repo)
+    for line in out.stdout.splitlines()[1:]:
+        path = line.split("\t")[0].strip()
+        if not path or path.startswith(("/", "..")):
+            continue  # a target folder used in place is an input, not ours to fake
+        p = workdir / path
+        if p.exists():
+            continue
+        if p.suffix:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("placeholder\n")
+        else:
+            p.mkdir(parents=True)
+    snakemake(workdir, "--touch", "--cores", "1", *targets, repo=repo)

@@ -270,6 +270,45 @@ def plain_forward(work: Path, target: Path, batch_tokens: int, max_batches: int)
             "tokens_per_s": round(tokens / s, 1)}
 
 
+def extraction_variants(work: Path, target: Path, params: int, tflops: float | None) -> dict:
+    """Where extraction time goes: capture + device->host copy alone (nothing written), and
+    full extraction at other batch sizes / numbers of batches in flight."""
+    import draftline.hidden_states_hf as hf
+    from datasets import load_from_disk
+    from draftline.hidden_states import extract_shard
+
+    layer_ids = json.loads((work / "layer_ids.json").read_text())
+    out: dict = {}
+    decoder = hf.load_decoder(target, "bfloat16", "cuda")
+    ex = hf.HFExtractor(decoder, layer_ids["extracted"], decoder.config.hidden_size, "bfloat16")
+    ids = load_from_disk(str(work / "dataset")).with_format(None)["input_ids"]
+    lengths = {r: len(x) for r, x in enumerate(ids)}
+    for bt in (32768, 65536):
+        plan = hf.batches(list(lengths), lengths, bt, 64)
+        ex.to_host(ex.forward([ids[r] for r in plan[0]]))
+        sync()
+        t0 = time.perf_counter()
+        for b in plan:
+            host, event = ex.to_host(ex.forward([ids[r] for r in b]))
+        event.synchronize()
+        out[f"capture_and_copy_only_bt{bt}_tokens_per_s"] = round(sum(lengths.values()) / (time.perf_counter() - t0), 1)
+    del decoder, ex
+    torch.cuda.empty_cache()
+    limit = tflops * 1e12 / (2 * params) if tflops and params else None
+    default_inflight = hf.MAX_BATCHES_IN_FLIGHT
+    for bt, inflight in ((65536, 2), (32768, 4), (65536, 4)):
+        hf.MAX_BATCHES_IN_FLIGHT = inflight
+        d = work / f"hs_var_{bt}_{inflight}" / "shard_0"
+        m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, backend="transformers", batch_tokens=bt)
+        out[f"extract_bt{bt}_inflight{inflight}"] = {"tokens_per_s": m["tokens_per_s"],
+            "fraction_of_compute_limit": round(m["tokens_per_s"] / limit, 3) if limit else None,
+            "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3)}
+        import shutil
+        shutil.rmtree(d.parent)
+    hf.MAX_BATCHES_IN_FLIGHT = default_inflight
+    return out
+
+
 def train_inputs(work: Path, target: Path):
     from draftline.train import TrainInputs
 
@@ -489,6 +528,8 @@ def markdown(data: dict) -> str:
                       f"- peak GPU memory (nvidia-smi, MiB): {t['peak_nvidia_smi_mib']}; allocated at step marks "
                       f"(rank 0): {t['peak_memory_allocated_at_marks_mib_rank0']}",
                       f"- wall {t['wall_s']} s (start-up included), optimizer {t['optimizer']}, val loss {t['val_loss_per_epoch']}", ""]
+    if "extraction_variants" in s:
+        lines += ["## Extraction variants", "", f"- {s['extraction_variants']}", ""]
     if "reference_fwd_bwd" in s:
         r = s["reference_fwd_bwd"]
         lines += ["## Reference: plain forward+backward of the same draft", "", f"- {r}", ""]
@@ -501,10 +542,11 @@ def markdown(data: dict) -> str:
             lines.append(f"Scaling efficiency {key} vs 1 GPU: **{eff:.2f}**\n")
     if "parallel_shards" in s:
         lines += ["## Two extraction shards at once (CUDA_VISIBLE_DEVICES=0 / 1)", "", f"- {s['parallel_shards']}", ""]
-    if "checkpoint" in s:
-        c = s["checkpoint"]
-        lines += ["## Checkpoint", "", f"- loads with speculators as {c['loaded_class']} ({c['params']} params); "
-                  f"tensors {c['tensors']}", ""]
+    for key in ("checkpoint", "checkpoint_ddp", "checkpoint_fsdp"):
+        if key in s:
+            c = s[key]
+            lines += [f"## {key}", "", f"- loads with speculators as {c['loaded_class']} ({c['params']} params); "
+                      f"tensors {c['tensors']}", ""]
     if data["errors"]:
         lines += ["## Errors", ""] + [f"### {k}\n```\n{v}\n```" for k, v in data["errors"].items()]
     return "\n".join(lines) + "\n"
@@ -522,7 +564,8 @@ def main() -> None:
     ap.add_argument("--total-seq-len", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--stages", default="matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,"
-                                        "reference_fwd_bwd,train_ddp2,parallel_shards,train_fsdp2")
+                                        "extraction_variants,reference_fwd_bwd,train_ddp2,checkpoint_ddp,parallel_shards,"
+                                        "train_fsdp2,checkpoint_fsdp")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -560,11 +603,14 @@ def main() -> None:
     tflops = res.data["stages"].get("matmul", {}).get("tflops")
     stage("extraction", lambda: extraction(a.work, target, a.batch_tokens, params, tflops))
     stage("plain_forward", lambda: plain_forward(a.work, target, a.batch_tokens, 8))
+    stage("extraction_variants", lambda: extraction_variants(a.work, target, params, tflops), 1)
     stage("train_1gpu", lambda: training(a.work, target, "train_1gpu", 1, a.epochs, a.total_seq_len))
     if "train_1gpu" in ctx:
         stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
     stage("reference_fwd_bwd", lambda: reference_fwd_bwd(a.work, target, a.total_seq_len, 20))
     stage("train_ddp2", lambda: training(a.work, target, "train_ddp2", 2, a.epochs, a.total_seq_len), 2)
+    if "train_ddp2" in ctx:
+        stage("checkpoint_ddp", lambda: checkpoint_check(Path(ctx["train_ddp2"]["final"])))
     stage("parallel_shards", lambda: parallel_shards(a.work, target, a.batch_tokens), 2)
     stage("train_fsdp2", lambda: training(a.work, target, "train_fsdp2", 2, a.epochs, a.total_seq_len, fsdp=True), 2)
     if "train_fsdp2" in ctx:

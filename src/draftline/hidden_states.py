@@ -383,7 +383,9 @@ def extract_shard(
     if missing_cols:
         raise ValueError(f"{dataset_dir}: dataset lacks columns {sorted(missing_cols)}")
     rows = shard_rows(len(dataset), shard, num_shards)
-    ids_by_row = dict(zip(rows, dataset.select(rows).with_format(None)["input_ids"], strict=True))
+    # An empty shard (more shards than rows) publishes just its manifest; select() rejects range(n, n).
+    selected = dataset.select(rows).with_format(None)["input_ids"] if rows else []
+    ids_by_row = dict(zip(rows, selected, strict=True))
     for row, ids in ids_by_row.items():
         if not ids:
             raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")

@@ -1,0 +1,96 @@
+"""How long "Nothing to be done" takes: a dry run of a finished run with many hidden-state shards.
+
+The finished run is faked (placeholder outputs, then `snakemake --touch` records Snakemake's
+metadata in job order), so no job runs; the rerun decision reads only that metadata, the
+files' mtimes and checksums. The target is the tiny model (used in place).
+
+    PYTHONPATH=src:tests .venv/bin/python benchmarks/noop_dry_run.py --shards 64 --repeats 3
+
+Writes benchmarks/results/noop_dry_run.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from draftline.testing.tiny_model import build_tiny_model
+from workflow import REPO, fake_finished_run, planned_jobs, snakemake, write_config
+
+TARGET = "results/lineage.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "noop_dry_run"))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="noop-dry-run-") as tmp:
+        root = Path(tmp)
+        model = build_tiny_model(root / "tiny-model")
+        workdir = root / "run"
+        workdir.mkdir()
+        (workdir / "prompts.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(2 * args.shards + 8))
+        )
+        write_config(workdir, {
+            "target": {"model": str(model)},
+            "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+            "tokenize": {"max_seq_len": 256},
+            "hidden_states": {"shards": args.shards},
+            "vocab": {"draft_vocab_size": 256},
+        })  # fmt: skip
+        t0 = time.perf_counter()
+        fake_finished_run(workdir, TARGET)
+        fake_s = time.perf_counter() - t0
+
+        timings, messages = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            out = snakemake(workdir, "-n", TARGET)
+            timings.append(time.perf_counter() - t0)
+            messages.append("Nothing to be done" in out.stdout + out.stderr)
+        jobs = planned_jobs(workdir, TARGET)
+        # The same dry run without the parse: Snakemake's own start-up is most of it.
+        t0 = time.perf_counter()
+        snakemake(workdir, "--version")
+        version_s = time.perf_counter() - t0
+
+    result = {
+        "shards": args.shards,
+        "dry_run_seconds": [round(t, 2) for t in timings],
+        "median_seconds": round(statistics.median(timings), 2),
+        "nothing_to_be_done": all(messages),
+        "planned_jobs": jobs,
+        "snakemake_version_seconds": round(version_s, 2),
+        "fake_run_seconds": round(fake_s, 1),
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out + ".md").write_text(
+        f"# No-op dry run with {args.shards} hidden-state shards\n\n"
+        f"`snakemake -n {TARGET}` on a finished run (faked with `--touch`): "
+        f"{'Nothing to be done' if all(messages) else 'JOBS PLANNED: ' + str(jobs)}.\n\n"
+        f"| run | seconds |\n|---|---|\n"
+        + "".join(f"| {i + 1} | {t:.2f} |\n" for i, t in enumerate(timings))
+        + f"\nMedian {result['median_seconds']} s (goal: < 10 s). `snakemake --version` alone: "
+        f"{version_s:.2f} s. Load average during the run: {result['load_average']} on "
+        f"{result['cpus']} CPUs ({result['date']}).\n"
+    )
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

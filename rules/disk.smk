@@ -1,0 +1,23 @@
+# The hidden states' expected disk use (bytes per token x tokens), known as soon as the data
+# is tokenized: logged, written to disk_estimate.json, and checked against
+# hidden_states.max_disk_gb and the row count before any extraction job starts.
+
+
+rule hidden_states_disk_estimate:
+    input:
+        summary="results/tokenized/summary.json",
+        layer_ids="results/target/layer_ids.json",
+        target=target_input(),
+        code=code("disk", "checks"),
+    output:
+        "results/hidden_states/disk_estimate.json",
+    log:
+        "logs/hidden_states/disk_estimate.log",
+    benchmark:
+        "results/benchmarks/hidden_states_disk_estimate.tsv"
+    threads: 1
+    params:
+        dtype=config["target"]["dtype"],
+        shards=config["hidden_states"]["shards"],
+    script:
+        "../scripts/disk_estimate.py"

@@ -1,0 +1,41 @@
+# Acceptance of the final draft in vLLM's own speculative decoding (eagle3), on the held-out
+# prompts training never saw, against an untrained draft of the same config measured in the
+# same job; greedy speculative outputs must equal the target's own (checked on every prompt).
+
+
+rule evaluate:
+    input:
+        target=target_input(),
+        heldout="results/prompts/heldout.jsonl",
+        draft="results/checkpoint/final",
+        config="results/config",
+        d2t="results/vocab/d2t.npy",
+        t2d="results/vocab/t2d.npy",
+        code=code("evaluate", "engine", "regenerate", "train"),
+    output:
+        acceptance=report(
+            "results/eval/acceptance.json",
+            caption="../report/acceptance_json.rst",
+            category="Evaluation",
+        ),
+        # the baseline: fresh weights from results/config with the same d2t/t2d
+        untrained=directory("results/eval/untrained_draft"),
+    log:
+        "logs/evaluate.log",
+    benchmark:
+        "results/benchmarks/evaluate.tsv"
+    # vLLM CPU threads (1 measured fastest on 2 shared cores)
+    threads: 1
+    resources:
+        gpu=1,
+    params:
+        num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
+        max_new_tokens=config["evaluate"]["max_new_tokens"],
+        max_prompts=config["evaluate"]["max_prompts"],
+        seed=config["evaluate"]["seed"],
+        max_model_len=config["tokenize"]["max_seq_len"],
+        dtype=config["target"]["dtype"],
+        chat_template=config["target"]["chat_template"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/evaluate.py"

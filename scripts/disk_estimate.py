@@ -1,0 +1,19 @@
+"""Estimate the hidden states' disk use before extraction; stop at hidden_states.max_disk_gb."""
+
+import logging
+
+from draftline.disk import write_estimate
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    write_estimate(
+        snakemake.input.summary,
+        snakemake.input.layer_ids,
+        snakemake.input.target,
+        snakemake.params.dtype,
+        snakemake.params.shards,
+        snakemake.output[0],
+        # Read from the config, not a param: a new limit must not rerun (re-extract) the shards;
+        # common.smk checks a changed limit against an existing estimate at parse time.
+        max_disk_gb=snakemake.config["hidden_states"].get("max_disk_gb"),
+    )

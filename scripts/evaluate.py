@@ -1,0 +1,35 @@
+"""Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.evaluate)."""
+
+import logging
+
+from draftline.devices import claim_gpus
+from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    make_untrained_draft(
+        snakemake.input.config,
+        snakemake.input.d2t,
+        snakemake.input.t2d,
+        snakemake.output.untrained,
+        target=snakemake.input.target,
+        seed=snakemake.params.seed,
+    )
+    evaluate(
+        snakemake.input.target,
+        snakemake.input.heldout,
+        {"trained": snakemake.input.draft, "untrained": snakemake.output.untrained},
+        snakemake.output.acceptance,
+        EvaluateSettings(
+            num_speculative_tokens=snakemake.params.num_speculative_tokens,
+            max_new_tokens=snakemake.params.max_new_tokens,
+            max_prompts=snakemake.params.max_prompts,
+            seed=snakemake.params.seed,
+            max_model_len=snakemake.params.max_model_len,
+            dtype=snakemake.params.dtype,
+            chat_template=snakemake.params.chat_template,
+            trust_remote_code=snakemake.params.trust_remote_code,
+            threads=snakemake.threads,
+        ),
+    )

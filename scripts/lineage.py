@@ -1,0 +1,15 @@
+"""Write results/lineage.json: the chain of jobs behind the final checkpoint (see draftline.provenance)."""
+
+import json
+import logging
+
+from draftline.atomic import atomic_file
+from draftline.provenance import build_lineage
+
+if __name__ == "__main__":
+    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    lineage = build_lineage(snakemake.input.checkpoint)
+    logging.info("lineage of %s: %s", snakemake.input.checkpoint, " -> ".join(s["rule"] for s in lineage["chain"]))
+    with atomic_file(snakemake.output[0]) as out:
+        json.dump(lineage, out, indent=1, sort_keys=True)
+        out.write("\n")

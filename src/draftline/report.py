@@ -1,0 +1,207 @@
+"""Plots for `snakemake --report`: one function per plot, each reading the artifacts a stage wrote.
+
+- loss per epoch: speculators' metric records (`runs/<key>/metrics.jsonl`, found through
+  final/draftline_provenance.json), train loss averaged over each epoch's steps, val loss as logged
+- acceptance per position: results/eval/acceptance.json, trained vs untrained draft
+- draft-vocab coverage: share of assistant tokens the first n draft-vocab entries cover
+  (token_freq.pt), with the configured size marked (results/vocab/summary.json)
+- hidden-state disk use per shard: each shard's manifest.json
+- stage wall times: Snakemake's benchmark files (results/benchmarks/**/*.tsv)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on compute nodes
+import matplotlib.pyplot as plt  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+DPI = 110
+
+
+def _save(fig, out: str | Path) -> None:
+    from draftline.atomic import atomic_file
+
+    fig.tight_layout()
+    with atomic_file(out, mode="wb") as handle:
+        fig.savefig(handle, format="png", dpi=DPI)
+    plt.close(fig)
+    log.info("wrote %s", out)
+
+
+def _read_json(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read it as JSON ({err}); rerun the step that writes it") from err
+
+
+# ---------------------------------------------------------------- training
+
+
+def loss_per_epoch(metrics_path: str | Path) -> dict[int, dict[str, float]]:
+    """epoch (0-based) -> {"train": mean step loss, "val": validation loss (the last logged)}."""
+    steps: dict[int, list[float]] = {}
+    val: dict[int, float] = {}
+    for line in Path(metrics_path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        epoch = record.get("epoch")
+        if not isinstance(epoch, int):
+            continue
+        if "train" in record and record["train"].get("loss") is not None:
+            steps.setdefault(epoch, []).append(float(record["train"]["loss"]))
+        elif "val" in record and "loss_epoch" in record["val"]:
+            val[epoch] = float(record["val"]["loss_epoch"])
+    epochs = sorted(set(steps) | set(val))
+    return {
+        e: {k: v for k, v in (("train", sum(steps[e]) / len(steps[e]) if steps.get(e) else None), ("val", val.get(e))) if v is not None}
+        for e in epochs
+    }
+
+
+def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
+    provenance = _read_json(Path(final_dir) / "draftline_provenance.json")
+    metrics = Path(provenance["run_dir"]) / "metrics.jsonl"
+    if metrics.exists():
+        losses = loss_per_epoch(metrics)
+    else:  # runs/ was cleaned: the validation losses final/ recorded are all that is left
+        log.warning("%s is missing: plotting the validation loss recorded in final/ only", metrics)
+        losses = {int(e): {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, style in (("train", "o-"), ("val", "s--")):
+        points = [(e + 1, v[key]) for e, v in sorted(losses.items()) if key in v]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, label=f"{key} loss")
+    chosen = provenance.get("chosen_epoch")
+    if chosen is not None:
+        ax.axvline(chosen + 1, color="grey", lw=0.8, ls=":", label=f"published epoch {chosen + 1}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss (sum over TTT steps)")
+    ax.set_title("Draft training loss per epoch")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend()
+    _save(fig, out)
+    return losses
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def plot_acceptance(acceptance_json: str | Path, out: str | Path) -> dict:
+    result = _read_json(acceptance_json)
+    drafts = result["drafts"]
+    k = int(result["num_speculative_tokens"])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    width = 0.8 / max(len(drafts), 1)
+    for i, (name, numbers) in enumerate(drafts.items()):
+        xs = [p + 1 + (i - (len(drafts) - 1) / 2) * width for p in range(k)]
+        bars = ax.bar(xs, numbers["acceptance_per_position"], width, label=f"{name}: mean acceptance length {numbers['mean_acceptance_length']:.2f}")
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_xticks(range(1, k + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafts")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Acceptance per position, k = {k}, {result['prompts']} held-out prompts")
+    ax.legend(fontsize=8)
+    _save(fig, out)
+    return drafts
+
+
+# ---------------------------------------------------------------- data
+
+
+def coverage_curve(token_freq: dict[int, int]) -> list[float]:
+    """Share of assistant tokens covered by the n most frequent tokens, n = 1..distinct."""
+    counts = sorted(token_freq.values(), reverse=True)
+    total = sum(counts)
+    curve, running = [], 0
+    for c in counts:
+        running += c
+        curve.append(running / total)
+    return curve
+
+
+def plot_vocab_coverage(token_freq_path: str | Path, vocab_summary: str | Path, out: str | Path) -> dict:
+    from draftline.vocab import load_token_freq
+
+    summary = _read_json(vocab_summary)
+    curve = coverage_curve(load_token_freq(token_freq_path))
+    size = int(summary["draft_vocab_size"])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(
+        range(1, len(curve) + 1), curve, marker="." if len(curve) < 50 else None,
+        label=f"{len(curve):,} distinct assistant tokens, most frequent first",
+    )  # fmt: skip
+    ax.axvline(size, color="C1", ls="--", label=f"draft vocab {size}: {summary['coverage']:.1%} covered")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft vocabulary size (tokens)")
+    ax.set_ylabel("share of assistant tokens")
+    ax.set_title(f"Draft-vocab coverage ({summary['assistant_tokens']:,} assistant tokens, target vocab {summary['target_vocab_size']:,})")
+    ax.legend(fontsize=8, loc="lower right")
+    _save(fig, out)
+    return summary
+
+
+def plot_hidden_states_disk(shard_dirs: list[str | Path], out: str | Path) -> list[dict]:
+    manifests = [_read_json(Path(d) / "manifest.json") for d in shard_dirs]
+    manifests.sort(key=lambda m: m["shard"])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    mib = [m["bytes"] / 2**20 for m in manifests]
+    bars = ax.bar([str(m["shard"]) for m in manifests], mib)
+    ax.bar_label(
+        bars, labels=[f"{m['num_rows']} rows\n{m['tokens']:,} tok\n{m['bytes'] / max(m['tokens'], 1):,.0f} B/tok" for m in manifests], fontsize=8,
+    )  # fmt: skip
+    ax.set_ylim(0, max(mib, default=1) * 1.35)
+    ax.set_xlabel("shard")
+    ax.set_ylabel("MiB on disk")
+    ax.set_title(f"Hidden states on disk: {sum(mib):,.1f} MiB in {len(manifests)} shards ({manifests[0]['dtype'] if manifests else '?'})")
+    _save(fig, out)
+    return manifests
+
+
+# ---------------------------------------------------------------- wall times
+
+
+def read_benchmarks(benchmark_dir: str | Path, exclude: tuple[str, ...] = ("report",)) -> dict[str, float]:
+    """Job name (path under benchmark_dir without .tsv) -> wall seconds of its last run."""
+    root = Path(benchmark_dir)
+    times = {}
+    for path in sorted(root.rglob("*.tsv")):
+        name = path.relative_to(root).with_suffix("").as_posix()
+        if name.split("/")[0] in exclude:
+            continue
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        if rows and rows[-1].get("s") not in (None, "", "NA"):
+            times[name] = float(rows[-1]["s"])
+    return times
+
+
+def plot_wall_times(benchmark_dir: str | Path, out: str | Path) -> dict[str, float]:
+    times = read_benchmarks(benchmark_dir)
+    if not times:
+        raise ValueError(f"{benchmark_dir}: no benchmark files (*.tsv); the stages write them with `benchmark:`")
+    fig, ax = plt.subplots(figsize=(6, 0.8 + 0.32 * len(times)))
+    names = list(times)[::-1]
+    bars = ax.barh(names, [times[n] for n in names])
+    ax.bar_label(bars, labels=[_duration(times[n]) for n in names], fontsize=8, padding=2)
+    ax.set_xlim(0, max(times.values()) * 1.2)
+    ax.set_xlabel("wall time (s)")
+    ax.set_title(f"Stage wall times (total {_duration(sum(times.values()))})")
+    _save(fig, out)
+    return times
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

@@ -1,0 +1,339 @@
+"""Acceptance evaluation (real vLLM CPU on the tiny model) and the report plots/HTML."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter as Tally
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draftline.evaluate import (
+    ACCEPTED,
+    ACCEPTED_PER_POS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    GENERATION_TOKENS,
+    PROMPT_TOKENS,
+    EvaluateSettings,
+    LosslessError,
+    Prompt,
+    acceptance,
+    check_lossless,
+    counter_delta,
+    read_counters,
+)
+from workflow import REPO, snakemake, write_config
+
+K = 3
+DRAFT_VOCAB = 64
+CANDIDATES = [
+    "Why is the sky blue?", "Translate 'cat' to French.", "Hello there, how are you?", "Name a color.",
+    "What is 2 + 2?", "Tell me a joke.", "Describe the sea.", "Count to five.", "List three fruits.",
+    "What does a CPU do?", "Say hello in Spanish.", "Write a haiku about rain.", "Explain gravity.",
+    "How do I boil an egg?", "What is a hash table?", "Give me a tip for sleeping well.",
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- no engine
+
+
+def test_lossless_check_names_the_prompt_whose_output_differs():
+    prompts = [Prompt("a1", []), Prompt("b2", []), Prompt("c3", [])]
+    reference = [[5, 6, 7], [8, 9, 10, 11], [1]]
+    check_lossless(prompts, reference, [list(r) for r in reference], "trained")  # identical: passes
+    with pytest.raises(LosslessError, match=r"trained draft.*'b2' at output token 2"):
+        check_lossless(prompts, reference, [[5, 6, 7], [8, 9, 99, 11], [1]], "trained")
+    with pytest.raises(LosslessError, match=r"'c3' at output token 1"):  # one output longer
+        check_lossless(prompts, reference, [[5, 6, 7], [8, 9, 10, 11], [1, 2]], "untrained")
+
+
+def test_counters_are_read_from_vllm_metric_objects_and_summed_over_engines():
+    from vllm.v1.metrics.reader import Counter, Gauge, Vector
+
+    def snapshot(drafts, draft_tokens, accepted, per_pos):
+        metrics = [Gauge("vllm:num_requests_running", {}, 1.0)]
+        for engine in ("0", "1"):  # two engines: each label set holds half
+            labels = {"engine": engine, "model_name": "m"}
+            metrics += [
+                Counter(DRAFTS, labels, drafts // 2), Counter(DRAFT_TOKENS, labels, draft_tokens // 2),
+                Counter(ACCEPTED, labels, accepted // 2), Counter(PROMPT_TOKENS, labels, 10),
+                Counter(GENERATION_TOKENS, labels, 20), Vector(ACCEPTED_PER_POS, labels, [p // 2 for p in per_pos]),
+            ]  # fmt: skip
+        return read_counters(metrics)
+
+    before = snapshot(10, 30, 8, [6, 2, 0])
+    after = snapshot(50, 150, 48, [30, 14, 4])
+    assert before[DRAFTS] == 10 and before[ACCEPTED_PER_POS] == [6, 2, 0]
+    delta = counter_delta(before, after)
+    assert delta[DRAFTS] == 40 and delta[DRAFT_TOKENS] == 120 and delta[ACCEPTED] == 40
+    assert delta[ACCEPTED_PER_POS] == [24, 12, 4]
+    numbers = acceptance(delta, K)
+    assert numbers["mean_acceptance_length"] == pytest.approx(1 + 40 / 40)
+    assert numbers["acceptance_rate"] == pytest.approx(40 / 120)
+    assert numbers["acceptance_per_position"] == pytest.approx([24 / 40, 12 / 40, 4 / 40])
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({DRAFTS: 0, DRAFT_TOKENS: 0, ACCEPTED: 0, ACCEPTED_PER_POS: []}, "no drafts"),
+        ({DRAFTS: 10, DRAFT_TOKENS: 30, ACCEPTED: 31, ACCEPTED_PER_POS: [10, 10, 11]}, "disagree"),
+        ({DRAFTS: 10, DRAFT_TOKENS: 30, ACCEPTED: 12, ACCEPTED_PER_POS: [8, 3, 0]}, "disagree"),
+    ],
+)
+def test_inconsistent_counters_stop_the_evaluation(bad, message):
+    with pytest.raises(RuntimeError, match=message):
+        acceptance(bad, K)
+
+
+def test_loss_per_epoch_and_benchmarks(tmp_path):
+    from draftline.report import loss_per_epoch, read_benchmarks
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in [
+        {"epoch": 0, "global_step": 0, "train": {"loss": 3.0}}, {"epoch": 0, "global_step": 1, "train": {"loss": 1.0}},
+        {"epoch": 0, "val": {"loss_epoch": 1.5}}, {"epoch": 1, "global_step": 2, "train": {"loss": 0.5}},
+    ]) + "\n{\"epoch\": 1, \"val\": {\"loss_ep")  # fmt: skip  (a line cut by a kill)
+    assert loss_per_epoch(metrics) == {0: {"train": 2.0, "val": 1.5}, 1: {"train": 0.5}}
+    (tmp_path / "bench" / "report").mkdir(parents=True)
+    (tmp_path / "bench" / "hidden_states").mkdir()
+    for name, s in [("train", 12.5), ("hidden_states/shard_0", 3.0), ("report/loss", 1.0)]:
+        (tmp_path / "bench" / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:{s}\t100\n")
+    assert read_benchmarks(tmp_path / "bench") == {"hidden_states/shard_0": 3.0, "train": 12.5}
+
+
+# ---------------------------------------------------------------- real vLLM, tiny model
+
+
+def _greedy_first_tokens(model_dir: Path, prompts: list[str]) -> list[int]:
+    """The tiny random target repeats its first greedy token; find it per prompt (transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    firsts = []
+    for prompt in prompts:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            firsts.append(int(model(ids).logits[0, -1].argmax()))
+    return firsts
+
+
+def _oracle_draft(untrained: Path, out: Path, token: int) -> Path:
+    """A draft that always proposes `token`: zero lm_head (argmax = draft index 0), d2t[0] -> token."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(untrained, out)
+    tensors = load_file(out / "model.safetensors")
+    tensors["lm_head.weight"].zero_()
+    tensors["d2t"][0] = token  # target id = draft index + d2t[index]
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_model, tmp_path_factory):
+    """One evaluate() call: target alone, an oracle draft as "trained", the untrained baseline.
+
+    vLLM's get_metrics() and the engines created are recorded, so tests can compare the JSON
+    with what vLLM itself reported.
+    """
+    import vllm
+
+    import draftline.evaluate as ev
+    from draftline.speculator_config import write_speculator_config
+
+    tmp = tmp_path_factory.mktemp("evaluate")
+    (tmp / "layer_ids.json").write_text(json.dumps({"aux": [2, 4, 5], "extracted": [2, 4, 5, 8], "num_hidden_layers": 8}))
+    config = write_speculator_config(tmp / "config", tiny_model, tmp / "layer_ids.json", DRAFT_VOCAB)
+    np.save(tmp / "d2t.npy", np.zeros(DRAFT_VOCAB, dtype=np.int64))
+    np.save(tmp / "t2d.npy", np.arange(512) < DRAFT_VOCAB)
+    untrained = ev.make_untrained_draft(config, tmp / "d2t.npy", tmp / "t2d.npy", tmp / "untrained", target=tiny_model)
+
+    firsts = _greedy_first_tokens(tiny_model, CANDIDATES)
+    token, _ = Tally(firsts).most_common(1)[0]
+    chosen = [p for p, t in zip(CANDIDATES, firsts, strict=True) if t == token][:4]
+    assert len(chosen) >= 2, f"the tiny target's first tokens are all different: {firsts}"
+    heldout = tmp / "heldout.jsonl"
+    heldout.write_text("".join(
+        json.dumps({"id": f"p{i}", "source": "t", "messages": [{"role": "user", "content": p}]}) + "\n"
+        for i, p in enumerate(chosen)
+    ))  # fmt: skip
+    oracle = _oracle_draft(untrained, tmp / "oracle", token)
+
+    readings, engines = [], []
+    real_get_metrics, real_create = vllm.LLM.get_metrics, ev.create_llm
+
+    def get_metrics(self):
+        metrics = real_get_metrics(self)
+        readings.append(metrics)
+        return metrics
+
+    def create_llm(target, settings, draft=None):
+        engines.append(draft)
+        return real_create(target, settings, draft)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vllm.LLM, "get_metrics", get_metrics)
+        mp.setattr(ev, "create_llm", create_llm)
+        summary = ev.evaluate(
+            tiny_model, heldout, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
+            EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
+        )  # fmt: skip
+    written = json.loads((tmp / "acceptance.json").read_text())
+    return {"summary": summary, "json": written, "readings": readings, "engines": engines,
+            "oracle": oracle, "untrained": untrained, "prompts": chosen, "config": config, "tmp": tmp}  # fmt: skip
+
+
+def _sum(metrics, name):
+    """Independent of draftline's reader: the plain sum of one vLLM counter over its label sets."""
+    values = [m for m in metrics if m.name == name]
+    if name == ACCEPTED_PER_POS:
+        return [sum(v) for v in zip(*(m.values for m in values), strict=True)] if values else []
+    return sum(m.value for m in values)
+
+
+def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
+    result, readings = evaluation["json"], evaluation["readings"]
+    # before/after each timed generate: target alone, then each draft in order
+    assert len(readings) == 6
+    runs = [result["target_alone"], result["drafts"]["trained"], result["drafts"]["untrained"]]
+    for i, run in enumerate(runs):
+        before, after = readings[2 * i], readings[2 * i + 1]
+        for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PROMPT_TOKENS):
+            assert run["counters"][name] == _sum(after, name) - _sum(before, name), (i, name)
+    for name, draft in result["drafts"].items():
+        c = draft["counters"]
+        per_pos = [a - b for a, b in zip(_sum(readings[3 if name == "trained" else 5], ACCEPTED_PER_POS),
+                                          _sum(readings[2 if name == "trained" else 4], ACCEPTED_PER_POS) or [0] * K, strict=True)]  # fmt: skip
+        assert c[ACCEPTED_PER_POS] == per_pos
+        assert draft["mean_acceptance_length"] == pytest.approx(1 + c[ACCEPTED] / c[DRAFTS])
+        assert draft["acceptance_rate"] == pytest.approx(c[ACCEPTED] / c[DRAFT_TOKENS])
+        assert draft["acceptance_per_position"] == pytest.approx([n / c[DRAFTS] for n in per_pos])
+
+
+def test_counters_agree_with_independent_relations(evaluation):
+    result = evaluation["json"]
+    outputs = result["output_tokens"]
+    assert result["prompts"] == len(evaluation["prompts"]) and result["prompt_tokens"] > 0
+    assert result["target_alone"]["counters"][DRAFTS] == 0  # no speculation without a draft
+    for draft in result["drafts"].values():
+        c = draft["counters"]
+        assert 0 < c[DRAFTS] and c[ACCEPTED] <= c[DRAFT_TOKENS] <= K * c[DRAFTS]
+        assert sum(c[ACCEPTED_PER_POS]) == c[ACCEPTED]
+        # lossless: the same tokens come out, and each target step emits 1 + accepted of them
+        assert c[GENERATION_TOKENS] == outputs == draft["output_tokens"]
+        assert c[PROMPT_TOKENS] == result["prompt_tokens"]
+        assert draft["output_tokens_per_s"] > 0
+    trained, untrained = result["drafts"]["trained"], result["drafts"]["untrained"]
+    # the oracle always proposes the token the tiny target repeats: nearly every draft accepted
+    assert trained["mean_acceptance_length"] > 3.0
+    assert trained["acceptance_per_position"][0] > 0.9
+    assert untrained["mean_acceptance_length"] < trained["mean_acceptance_length"]
+
+
+def test_baseline_is_measured_in_the_same_run(evaluation):
+    result = evaluation["json"]
+    # one evaluate() call loaded the target alone, then with each draft, in that order
+    assert evaluation["engines"] == [None, evaluation["oracle"], evaluation["untrained"]]
+    assert set(result["drafts"]) == {"trained", "untrained"}
+    assert result["drafts"]["untrained"]["checkpoint"] == str(evaluation["untrained"])
+    assert result["lossless"] is True and result == evaluation["summary"]
+    assert result["prompt_ids"] == [f"p{i}" for i in range(len(evaluation["prompts"]))]
+
+
+def test_untrained_draft_is_a_fresh_draft_of_the_same_config(evaluation):
+    import torch
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    untrained = evaluation["untrained"]
+    model = Eagle3DraftModel.from_pretrained(str(untrained))
+    config = json.loads((evaluation["config"] / "config.json").read_text())
+    assert model.config.draft_vocab_size == config["draft_vocab_size"] == DRAFT_VOCAB
+    assert model.config.eagle_aux_hidden_state_layer_ids == config["eagle_aux_hidden_state_layer_ids"]
+    tensors = load_file(untrained / "model.safetensors")
+    assert tensors["d2t"].tolist() == [0] * DRAFT_VOCAB
+    assert tensors["t2d"].tolist() == (np.arange(512) < DRAFT_VOCAB).tolist()
+    assert torch.isfinite(tensors["fc.weight"]).all() and tensors["fc.weight"].std() > 0
+
+
+# ---------------------------------------------------------------- report (Snakemake)
+
+PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+
+
+def _fabricate_results(workdir: Path) -> None:
+    """What the stages leave for the report rules (small, hand-made, in their formats)."""
+    import torch
+
+    r = workdir / "results"
+    run_dir = r / "checkpoint" / "runs" / "abc"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+        {"epoch": 0, "global_step": 0, "train": {"loss": 2.0}}, {"epoch": 0, "val": {"loss_epoch": 1.8}},
+        {"epoch": 1, "global_step": 1, "train": {"loss": 1.2}}, {"epoch": 1, "val": {"loss_epoch": 1.4}},
+    ]))  # fmt: skip
+    (r / "checkpoint" / "final").mkdir()
+    (r / "checkpoint" / "final" / "draftline_provenance.json").write_text(
+        json.dumps({"run_dir": "results/checkpoint/runs/abc", "chosen_epoch": 1, "val_loss_per_epoch": {"0": 1.8, "1": 1.4}})
+    )
+    (r / "eval").mkdir()
+    (r / "eval" / "acceptance.json").write_text(json.dumps({"num_speculative_tokens": 3, "prompts": 5, "drafts": {
+        "trained": {"acceptance_per_position": [0.4, 0.2, 0.05], "mean_acceptance_length": 1.65},
+        "untrained": {"acceptance_per_position": [0.0, 0.0, 0.0], "mean_acceptance_length": 1.0},
+    }}))  # fmt: skip
+    (r / "tokenized").mkdir()
+    torch.save({5: 40, 9: 30, 11: 20, 300: 10}, r / "tokenized" / "token_freq.pt")
+    (r / "vocab").mkdir()
+    (r / "vocab" / "summary.json").write_text(json.dumps({
+        "draft_vocab_size": 2, "target_vocab_size": 512, "assistant_tokens": 100, "coverage": 0.7,
+    }))  # fmt: skip
+    for shard in (0, 1):
+        d = r / "hidden_states" / f"shard_{shard}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({
+            "shard": shard, "num_rows": 3, "tokens": 100 + shard, "bytes": 2048 * (100 + shard), "dtype": "float32",
+        }))  # fmt: skip
+    (r / "benchmarks").mkdir()
+    for name, s in [("regenerate", 30.5), ("train", 12.0), ("evaluate", 40.0)]:
+        (r / "benchmarks" / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:30\t100\n")
+
+
+def test_report_rules_draw_the_plots_and_snakemake_writes_the_html(tmp_path, tiny_model):
+    workdir = tmp_path
+    (workdir / "prompts.jsonl").write_text(json.dumps({"prompt": "Hi"}) + "\n")
+    write_config(workdir, {
+        "target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "heldout": 1},
+        "tokenize": {"max_seq_len": 256}, "vocab": {"draft_vocab_size": 2},
+    })  # fmt: skip
+    _fabricate_results(workdir)
+    targets = [f"results/report/{p}.png" for p in PLOTS]
+    # only the report rules: the fabricated results stand in for the stages' outputs
+    snakemake(workdir, "--cores", "1", "--allowed-rules", *[f"report_{p}" for p in PLOTS], "--", *targets)
+    for target in targets:
+        assert (workdir / target).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", target
+    assert not list((workdir / "results" / "report").glob(".*tmp*"))  # published atomically
+    snakemake(workdir, "--report", str(workdir / "report.html"), "--", *targets)
+    html = (workdir / "report.html").read_text()
+    for plot in PLOTS:
+        assert f"{plot}.png" in html
+    assert "mean acceptance length" in html.lower()  # the acceptance caption
+
+
+def test_default_target_plans_evaluation_and_report(tmp_path):
+    from workflow import planned_jobs
+
+    shutil.copytree(REPO / "resources" / "prompts", tmp_path / "resources" / "prompts")
+    import yaml
+
+    write_config(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    jobs = planned_jobs(tmp_path)
+    assert jobs["evaluate"] == 1 and jobs["train"] == 1
+    for plot in PLOTS:
+        assert jobs[f"report_{plot}"] == 1

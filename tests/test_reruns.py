@@ -1,0 +1,214 @@
+"""Only stale artifacts rebuild: each change plans exactly the jobs that depend on it.
+
+Dry runs on a copy of the finished tiny-model run (conftest.tiny_run), so a change made here
+never reaches the shared run. The code-fix test edits a copy of the workflow, on a run faked
+with placeholders and `--touch` (the rerun decision reads only Snakemake's metadata).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from workflow import REPO, copy_run, copy_workflow, fake_finished_run, planned_jobs, write_config
+
+TARGET = "results/lineage.json"
+
+# What follows each stage (the tiny run uses the target folder in place: no target_model job).
+AFTER_TRAIN = {"train": 1, "lineage": 1}
+AFTER_TOKENIZE = {
+    "tokenize": 1,
+    "hidden_states_disk_estimate": 1,
+    "hidden_states_shard": 2,
+    "hidden_states_view": 1,
+    "vocab": 1,
+    **AFTER_TRAIN,
+}
+AFTER_PROMPTS = {"prompts": 1, "regenerate": 1, **AFTER_TOKENIZE}
+
+
+@pytest.fixture
+def run(tiny_run, tmp_path):
+    """A private copy of the finished tiny run."""
+    return copy_run(tiny_run, tmp_path / "run")
+
+
+def edit_config(workdir, **sections):
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    write_config(workdir, config)
+
+
+def test_finished_run_plans_nothing(tiny_run):
+    assert planned_jobs(tiny_run, TARGET) == {}
+
+
+def test_reordered_config_keys_plan_nothing(run):
+    """The same settings written in another order are the same params (dicts sorted)."""
+
+    def reverse(value):
+        return {k: reverse(value[k]) for k in reversed(list(value))} if isinstance(value, dict) else value
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump(reverse(config), sort_keys=False))
+    assert planned_jobs(run, TARGET) == {}
+
+
+@pytest.mark.parametrize("change", [{"lr": 0.001}, {"epochs": 3}])
+def test_training_setting_reruns_only_training(run, change):
+    edit_config(run, train=change)
+    assert planned_jobs(run, TARGET) == AFTER_TRAIN
+
+
+def test_draft_vocab_size_reruns_vocab_config_and_training(run):
+    edit_config(run, vocab={"draft_vocab_size": 128})
+    assert planned_jobs(run, TARGET) == {"vocab": 1, "speculator_config": 1, **AFTER_TRAIN}
+
+
+def test_layer_ids_rerun_extraction_not_tokenization(run):
+    edit_config(run, hidden_states={"layer_ids": [1, 3, 6]})
+    assert planned_jobs(run, TARGET) == {
+        "layer_ids": 1,
+        "hidden_states_disk_estimate": 1,
+        "hidden_states_shard": 2,
+        "hidden_states_view": 1,
+        "speculator_config": 1,
+        **AFTER_TRAIN,
+    }
+
+
+def test_one_prompt_edited_reruns_what_depends_on_prompts(run):
+    path = run / "prompts.jsonl"
+    rows = path.read_text().splitlines()
+    rows[3] = json.dumps({"prompt": "List four fruits."})
+    path.write_text("\n".join(rows) + "\n")
+    assert planned_jobs(run, TARGET) == AFTER_PROMPTS
+
+
+def test_prompts_file_added_reruns_what_depends_on_prompts(run):
+    (run / "more.jsonl").write_text(json.dumps({"prompt": "Name a planet."}) + "\n")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    edit_config(run, prompts={"sources": config["prompts"]["sources"] + ["more.jsonl"]})
+    assert planned_jobs(run, TARGET) == AFTER_PROMPTS
+
+
+def test_unrelated_file_changes_plan_nothing(run):
+    """Only declared inputs count: notes beside the data, or a new log, rerun nothing."""
+    (run / "NOTES.txt").write_text("an unrelated file\n")
+    (run / "logs" / "extra.log").write_text("x\n")
+    assert planned_jobs(run, TARGET) == {}
+
+
+@pytest.fixture(scope="module")
+def code_run(tmp_path_factory, tiny_model):
+    """A copy of the workflow whose tokenization imports a helper module of its own, and a
+    run of it faked as finished (no job runs)."""
+    root = tmp_path_factory.mktemp("code-fix")
+    repo = copy_workflow(root / "workflow")
+    pkg = repo / "src" / "draftline"
+    (pkg / "text_helpers.py").write_text('def strip_text(text):\n    return text.strip()\n')
+    module = pkg / "tokenization.py"
+    module.write_text(module.read_text() + "\nfrom draftline.text_helpers import strip_text  # noqa: E402,F401\n")
+
+    workdir = root / "run"
+    workdir.mkdir()
+    (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(8)))
+    write_config(workdir, {
+        "target": {"model": str(tiny_model)},
+        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "tokenize": {"max_seq_len": 256},
+        "hidden_states": {"shards": 2},
+        "vocab": {"draft_vocab_size": 256},
+    })  # fmt: skip
+    fake_finished_run(workdir, TARGET, repo=repo)
+    assert planned_jobs(workdir, TARGET, repo=repo) == {}
+    return repo, workdir
+
+
+def _edit(path, new_text):
+    old = path.read_text()
+    path.write_text(new_text(old))
+    return old
+
+
+@pytest.mark.parametrize(
+    "module, edit",
+    [
+        ("tokenization.py", lambda text: text + "\n# a fix\nFIXED = True\n"),
+        ("text_helpers.py", lambda text: text.replace("text.strip()", "text.strip(' ')")),
+    ],
+)
+def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit):
+    repo, workdir = code_run
+    path = repo / "src" / "draftline" / module
+    old = _edit(path, edit)
+    try:
+        assert planned_jobs(workdir, TARGET, repo=repo) == AFTER_TOKENIZE
+    finally:
+        path.write_text(old)  # same content again: Snakemake's recorded checksum matches
+    assert planned_jobs(workdir, TARGET, repo=repo) == {}
+
+
+def test_code_closure_follows_imports():
+    from draftline.provenance import module_closure
+
+    names = {p.rsplit("/src/", 1)[1] for p in module_closure(str(REPO / "src"), ("hidden_states",))}
+    # hidden_states imports atomic and engine at the top, hidden_states_hf inside a function
+    assert {"draftline/hidden_states.py", "draftline/atomic.py", "draftline/engine.py",
+            "draftline/hidden_states_hf.py", "draftline/__init__.py"} <= names  # fmt: skip
+    assert "draftline/train.py" not in names
+    with pytest.raises(FileNotFoundError, match="no_such_module"):
+        module_closure(str(REPO / "src"), ("no_such_module",))
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def test_every_artifact_folder_has_provenance(tiny_run):
+    folders = [
+        "results/prompts", "results/regenerated", "results/tokenized", "results/target",
+        "results/hidden_states/shard_0", "results/hidden_states/shard_1", "results/hidden_states/all",
+        "results/vocab", "results/config", "results/checkpoint/final",
+    ]  # fmt: skip
+    for folder in folders:
+        record = json.loads((tiny_run / folder / "provenance.json").read_text())
+        assert {"torch", "transformers", "speculators", "snakemake"} <= set(record["versions"]), folder
+        assert record["wall_seconds"] is not None and record["wall_seconds"] > 0, folder
+        assert all("sha256" in e or "stat" in e for es in record["inputs"].values() for e in es), folder
+    train = json.loads((tiny_run / "results/checkpoint/final/provenance.json").read_text())
+    assert train["params"]["train"]["epochs"] == 2
+    assert {"config", "d2t", "t2d", "dataset", "hidden_states", "layer_ids", "target", "code"} <= set(train["inputs"])
+
+
+def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
+    from draftline.provenance import fingerprint
+
+    lineage = json.loads((tiny_run / "results/lineage.json").read_text())
+    rules = [step["rule"] for step in lineage["chain"]]
+    assert rules[-1] == "train"
+    for earlier, later in [("prompts", "regenerate"), ("regenerate", "tokenize"), ("tokenize", "hidden_states_shard"),
+                           ("hidden_states_shard", "hidden_states_view"), ("hidden_states_view", "train")]:
+        assert rules.index(earlier) < rules.index(later)  # fmt: skip
+    assert rules.count("hidden_states_shard") == 2
+    assert [s["path"] for s in lineage["sources"] if s["path"].endswith("prompts.jsonl")] == ["prompts.jsonl"]
+    # The hashes recorded when training ran are those of the data on disk now.
+    train = lineage["chain"][-1]
+    assert train["inputs"]["dataset"][0]["sha256"] == fingerprint(tiny_run / "results/tokenized/dataset")["sha256"]
+    assert ["results/hidden_states/all"] in train["made_from"]
+    assert lineage["summary"]["train"]["results/hidden_states/all"] == train["inputs"]["hidden_states"][0].get(
+        "sha256", train["inputs"]["hidden_states"][0].get("stat"))  # fmt: skip
+
+
+def test_fingerprint_hashes_small_content_and_stats_big_files(tmp_path):
+    from draftline.provenance import fingerprint
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("one")
+    small = fingerprint(tmp_path / "d")
+    (tmp_path / "d" / "a.txt").write_text("two")
+    assert fingerprint(tmp_path / "d")["sha256"] != small["sha256"]  # content, not names
+    big = fingerprint(tmp_path / "d", limit=1)
+    assert "stat" in big and "sha256" not in big

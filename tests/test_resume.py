@@ -1,0 +1,134 @@
+"""Resume after a crash: SIGKILL a running workflow, unlock, rerun; finished work is kept.
+
+Each test copies the finished tiny-model run (conftest.tiny_run) and reruns one expensive
+step there (a vLLM engine or speculators' Trainer), so both are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflow import REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
+
+# Imported by every Python process of a test run (it is on PYTHONPATH): makes each move of a
+# validated hidden-state file into the staging folder slow, so a kill lands mid-shard.
+SLOW_STAGING = '''
+import os, time
+_delay = float(os.environ.get("DRAFTLINE_TEST_SLOW_STAGING", "0"))
+if _delay:
+    _replace = os.replace
+    def replace(src, dst, *args, **kwargs):
+        _replace(src, dst, *args, **kwargs)
+        if "/.staging/" in os.fspath(dst) and os.fspath(dst).endswith(".safetensors"):
+            time.sleep(_delay)
+    os.replace = replace
+'''
+
+
+def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """snakemake in its own process group, so one killpg takes it and every job it started."""
+    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), *args]  # fmt: skip
+    return subprocess.Popen(
+        cmd, env=env or dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake exited ({proc.returncode}) before the kill point")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the kill point was not reached in time")
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def assert_locked_then_unlock(workdir: Path) -> None:
+    """After a kill Snakemake's lock stays: a real run refuses until --unlock."""
+    refused = snakemake(workdir, "--cores", "1", "results/target/layer_ids.json", check=False)
+    assert refused.returncode != 0 and "unlock" in (refused.stdout + refused.stderr)
+    snakemake(workdir, "--unlock")
+
+
+@pytest.mark.slow
+def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path / "run")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SLOW_STAGING)
+    env = dict(os.environ, DRAFTLINE_TEST_SLOW_STAGING="1.0",
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    shard0, shard1 = run / "results/hidden_states/shard_0", run / "results/hidden_states/shard_1"
+    shard0_before = (shard0 / "manifest.json").stat().st_mtime_ns
+    rows = json.loads((shard1 / "manifest.json").read_text())["num_rows"]
+    assert rows >= 3
+
+    staging = run / "results/hidden_states/.staging"
+    proc = start(run, "--cores", "1", "--forcerun", "hidden_states_shard", "results/hidden_states/shard_1", env=env)
+    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2)
+    # inode per staged file: the published shard hard-links them, so equal inodes mean kept
+    staged = {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
+    assert 2 <= len(staged) < rows
+    assert not shard1.exists()  # a directory() output is removed before its job runs
+
+    assert_locked_then_unlock(run)
+    # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
+    assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
+        "hidden_states_shard": 1, "hidden_states_view": 1, "train": 1, "lineage": 1,
+    }  # fmt: skip
+    snakemake(run, "--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
+    manifest = json.loads((shard1 / "manifest.json").read_text())
+    assert manifest["reused_rows"] == len(staged)
+    assert manifest["extracted_rows"] == rows - len(staged)
+    assert {name: (shard1 / name).stat().st_ino for name in staged} == staged
+    assert (shard0 / "manifest.json").stat().st_mtime_ns == shard0_before
+    assert (shard1 / "provenance.json").is_file()
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    epochs = 6
+    config["train"]["epochs"] = epochs  # a new run key: its own run folder, started fresh
+    write_config(run, config)
+    runs = run / "results/checkpoint/runs"
+    old_runs = {p.name for p in runs.iterdir()}
+
+    def new_epochs() -> list[Path]:
+        return sorted(
+            (d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
+             if d.name.isdigit() and (d / "training_state.json").exists()),
+            key=lambda d: int(d.name),
+        )  # fmt: skip
+
+    proc = start(run, "--cores", "2", "results/checkpoint/final")
+    kill_when(proc, lambda: len(new_epochs()) >= 1)
+    done = new_epochs()
+    assert 1 <= len(done) < epochs, "the kill must land between the first and the last epoch"
+    kept = {d.name: (d / "model.safetensors").stat().st_mtime_ns for d in done}
+
+    assert_locked_then_unlock(run)
+    assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {"train": 1, "lineage": 1}
+    snakemake(run, "--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
+    starts = re.findall(r"resuming after epoch \d+ of \d+|fresh start", (run / "logs/train.log").read_text())
+    assert starts[-1] == f"resuming after epoch {len(done)} of {epochs}"
+    # the epochs finished before the kill were not trained again
+    assert {n: (done[0].parent / n / "model.safetensors").stat().st_mtime_ns for n in kept} == kept
+    provenance = json.loads((run / "results/checkpoint/final/draftline_provenance.json").read_text())
+    assert provenance["epochs"] == epochs
+    assert (run / "results/checkpoint/final/provenance.json").is_file()
