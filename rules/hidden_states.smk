@@ -10,17 +10,19 @@ rule hidden_states_shard:
         target=target_input(),
         layer_ids="results/target/layer_ids.json",
         disk_estimate="results/hidden_states/disk_estimate.json",  # stops here when over max_disk_gb
-        code=code("hidden_states", "vllm_cpu_connector", "engine"),
+        code=code("hidden_states", "hidden_states_hf", "vllm_cpu_connector", "engine"),
     output:
         directory("results/hidden_states/shard_{shard}"),
     log:
         "logs/hidden_states/shard_{shard}.log",
     benchmark:
         "results/benchmarks/hidden_states/shard_{shard}.tsv"
+    # one thread per shard on CPU, so two shards run side by side on a 2-core machine
     threads: 1
     resources:
         gpu=1,
     params:
+        backend=config["hidden_states"]["backend"],
         num_shards=config["hidden_states"]["shards"],
         dtype=config["target"]["dtype"],
         trust_remote_code=config["target"]["trust_remote_code"],

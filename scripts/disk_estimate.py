@@ -3,6 +3,7 @@
 import logging
 
 from draftline.disk import write_estimate
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":
     logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -17,3 +18,4 @@ if __name__ == "__main__":
         # common.smk checks a changed limit against an existing estimate at parse time.
         max_disk_gb=snakemake.config["hidden_states"].get("max_disk_gb"),
     )
+    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)

@@ -43,6 +43,8 @@ def tiny_run(tmp_path_factory, tiny_model):
     per session: tests read it, or copy it (workflow.copy_run) before changing anything."""
     from workflow import snakemake, write_config
 
+    if os.environ.get("DRAFTLINE_TINY_RUN"):  # reuse a finished run while iterating on tests
+        return Path(os.environ["DRAFTLINE_TINY_RUN"])
     workdir = tmp_path_factory.mktemp("tiny-run")
     with open(workdir / "prompts.jsonl", "w") as f:
         for prompt in PROMPTS:

@@ -196,10 +196,10 @@ def test_bad_file_is_named_and_only_its_shard_is_removed(published, how, reason)
     assert validate_hidden_states(root / "dataset", root / "all", 4, 16, dtype="float32") == sum(map(len, ids))
     row = 4  # in shard_1 (rows 3..5)
     _corrupt(root / "shard_1" / hs.file_name(row), how, ids[row])
-    with pytest.raises(hs.HiddenStateFileError, match=rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1"):
+    with pytest.raises(hs.HiddenStateFileError, match=rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1 and the view"):
         validate_hidden_states(root / "dataset", root / "all", 4, 16)
     assert (root / "shard_1").exists()  # reported, not removed, unless asked
-    with pytest.raises(hs.HiddenStateFileError, match=r"removed .*shard_1; run the workflow again"):
+    with pytest.raises(hs.HiddenStateFileError, match=r"removed .*shard_1 and the view .*all; run the workflow again"):
         validate_hidden_states(root / "dataset", root / "all", 4, 16, remove_bad_shards=True)
     assert not (root / "shard_1").exists() and not (root / "all").exists()
     assert (root / "shard_0" / hs.file_name(0)).exists()

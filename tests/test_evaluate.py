@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import shutil
 from collections import Counter as Tally
 from pathlib import Path
@@ -125,13 +127,15 @@ def _greedy_first_tokens(model_dir: Path, prompts: list[str]) -> list[int]:
 
 
 def _oracle_draft(untrained: Path, out: Path, token: int) -> Path:
-    """A draft that always proposes `token`: zero lm_head (argmax = draft index 0), d2t[0] -> token."""
+    """A draft that always proposes `token`: every draft index maps to it (vLLM scatters the draft
+    logits onto target ids and takes the argmax there), zero lm_head so no index is preferred."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(untrained, out)
     tensors = load_file(out / "model.safetensors")
     tensors["lm_head.weight"].zero_()
-    tensors["d2t"][0] = token  # target id = draft index + d2t[index]
+    tensors["d2t"] = token - torch.arange(tensors["d2t"].numel(), dtype=tensors["d2t"].dtype)  # id = index + d2t
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
@@ -207,10 +211,10 @@ def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
         before, after = readings[2 * i], readings[2 * i + 1]
         for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PROMPT_TOKENS):
             assert run["counters"][name] == _sum(after, name) - _sum(before, name), (i, name)
-    for name, draft in result["drafts"].items():
-        c = draft["counters"]
-        per_pos = [a - b for a, b in zip(_sum(readings[3 if name == "trained" else 5], ACCEPTED_PER_POS),
-                                          _sum(readings[2 if name == "trained" else 4], ACCEPTED_PER_POS) or [0] * K, strict=True)]  # fmt: skip
+    for name, (b, a) in {"trained": (2, 3), "untrained": (4, 5)}.items():
+        draft, c = result["drafts"][name], result["drafts"][name]["counters"]
+        before = _sum(readings[b], ACCEPTED_PER_POS) or [0] * K
+        per_pos = [x - y for x, y in zip(_sum(readings[a], ACCEPTED_PER_POS), before, strict=True)]
         assert c[ACCEPTED_PER_POS] == per_pos
         assert draft["mean_acceptance_length"] == pytest.approx(1 + c[ACCEPTED] / c[DRAFTS])
         assert draft["acceptance_rate"] == pytest.approx(c[ACCEPTED] / c[DRAFT_TOKENS])
@@ -321,9 +325,11 @@ def test_report_rules_draw_the_plots_and_snakemake_writes_the_html(tmp_path, tin
     assert not list((workdir / "results" / "report").glob(".*tmp*"))  # published atomically
     snakemake(workdir, "--report", str(workdir / "report.html"), "--", *targets)
     html = (workdir / "report.html").read_text()
-    for plot in PLOTS:
-        assert f"{plot}.png" in html
-    assert "mean acceptance length" in html.lower()  # the acceptance caption
+    for plot in PLOTS:  # each plot is embedded in the page, byte for byte
+        embedded = re.search(rf"filename={plot}\.png;base64,([A-Za-z0-9+/=]+)", html)
+        assert embedded, plot
+        assert base64.b64decode(embedded.group(1)) == (workdir / f"results/report/{plot}.png").read_bytes()
+    assert "Mean acceptance length = 1 + accepted / drafts" in html  # the acceptance caption
 
 
 def test_default_target_plans_evaluation_and_report(tmp_path):

@@ -103,7 +103,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
 def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
     run = copy_run(tiny_run, tmp_path / "run")
     config = yaml.safe_load((run / "config.yaml").read_text())
-    epochs = 6
+    epochs = 3
     config["train"]["epochs"] = epochs  # a new run key: its own run folder, started fresh
     write_config(run, config)
     runs = run / "results/checkpoint/runs"

@@ -20,6 +20,7 @@ ALL_STAGES = {
     "prompts": 1,
     "regenerate": 1,
     "tokenize": 1,
+    "hidden_states_disk_estimate": 1,
     "hidden_states_shard": 2,
     "hidden_states_view": 1,
     "vocab": 1,

@@ -342,7 +342,7 @@ def evaluate(
         },
         "drafts": results,
         "timing": "all prompts in one batched greedy generate call per engine, after a warm-up request",
-        "settings": {k_: v for k_, v in asdict(settings).items() if k_ != "threads"},
+        "settings": {key: value for key, value in asdict(settings).items() if key != "threads"},
         "seconds": round(time.monotonic() - started, 1),
     }
     with atomic_file(out_json, encoding="utf-8") as handle:

@@ -291,8 +291,9 @@ def build_lineage(final: str | Path) -> dict:
                 sources[path] = fingerprint(path)
             return None
         where, record = found
-        key = str(where)
-        if key in steps or key in order:
+        # one step per job (rule + wildcards), however many of its outputs lead here
+        key = json.dumps([record["rule"], sorted(record.get("wildcards", {}).items())])
+        if key in steps:
             return key
         steps[key] = {}  # mark before recursing (the DAG has no cycles, but be safe)
         used = []
@@ -306,7 +307,7 @@ def build_lineage(final: str | Path) -> dict:
         steps[key] = {
             "rule": record["rule"],
             "wildcards": record.get("wildcards", {}),
-            "provenance": key,
+            "provenance": str(where),
             "outputs": record["outputs"],
             "made_from": [steps[u]["outputs"] for u in used],
             "inputs": record["inputs"],

@@ -140,6 +140,14 @@ def check_inputs(inputs: TrainInputs) -> dict:
         raise ValueError(
             f"{first}: hidden states are {dtype}; speculators trains on float32 or bfloat16 ones"
         )
+    # Every file, not just the first: a truncated file, foreign token ids or NaN/inf must stop
+    # training before it starts. Shards holding a bad file are removed (with the view), so the
+    # rerun re-extracts only those.
+    from draftline.checks import validate_hidden_states
+
+    validate_hidden_states(
+        inputs.dataset, inputs.hidden_states, len(aux) + 1, hidden, dtype=torch_dtype, remove_bad_shards=True
+    )
     return {"rows": rows, "hidden_states_dtype": torch_dtype, "aux": aux, "draft_vocab_size": draft_vocab}
 
 
