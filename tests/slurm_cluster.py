@@ -62,9 +62,8 @@ def _free_port() -> int:
 
 
 SBATCH_WRAPPER = """#!/bin/sh
-# Record each submission (one line of NUL-separated arguments), then submit for real.
-printf '%s\\0' "$@" >> "{calls}"
-printf '\\n' >> "{calls}"
+# Record each submission's arguments (one file per call, NUL-separated), then submit for real.
+printf '%s\\0' "$@" > "$(mktemp "{calls}/$(date +%s%N).XXXXXX")"
 exec "{sbatch}" "$@"
 """
 
@@ -84,7 +83,7 @@ class SlurmCluster:
         return self.root / "etc" / "slurm.conf"
 
     @property
-    def sbatch_calls_file(self) -> Path:
+    def sbatch_calls_dir(self) -> Path:
         return self.root / "sbatch_calls"
 
     def env(self, base: dict | None = None) -> dict:
@@ -95,10 +94,11 @@ class SlurmCluster:
         return env
 
     def sbatch_calls(self) -> list[list[str]]:
-        if not self.sbatch_calls_file.exists():
+        """Arguments of every sbatch call so far, oldest first."""
+        if not self.sbatch_calls_dir.exists():
             return []
-        lines = self.sbatch_calls_file.read_text().split("\n")
-        return [line.rstrip("\0").split("\0") for line in lines if line]
+        files = sorted(self.sbatch_calls_dir.iterdir(), key=lambda p: int(p.name.split(".")[0]))
+        return [p.read_text().removesuffix("\0").split("\0") for p in files]
 
     # ------------------------------------------------------------------ start/stop
 
@@ -200,8 +200,9 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         (r / "etc" / "gres.conf").write_text(
             f"AutoDetect=off\nName=gpu File={dev}/gpu[0-{self.gpus - 1}]\n")
         self._install_system_conf()
+        self.sbatch_calls_dir.mkdir(exist_ok=True)
         wrapper = r / "bin" / "sbatch"
-        wrapper.write_text(SBATCH_WRAPPER.format(calls=self.sbatch_calls_file, sbatch=_find("sbatch")))
+        wrapper.write_text(SBATCH_WRAPPER.format(calls=self.sbatch_calls_dir, sbatch=_find("sbatch")))
         wrapper.chmod(0o755)
 
     def _install_system_conf(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -57,10 +58,10 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
     proc.wait()
 
 
-def assert_locked_then_unlock(workdir: Path) -> None:
-    """After a kill Snakemake's lock stays: a real run refuses until --unlock."""
-    refused = snakemake(workdir, "--cores", "1", "results/target/layer_ids.json", check=False)
-    assert refused.returncode != 0 and "unlock" in (refused.stdout + refused.stderr)
+def assert_locked_then_unlock(workdir: Path, *rerun: str) -> None:
+    """After a kill Snakemake's lock stays: the rerun refuses to start until --unlock."""
+    refused = snakemake(workdir, *rerun, check=False)
+    assert refused.returncode != 0 and "--unlock" in refused.stdout + refused.stderr
     snakemake(workdir, "--unlock")
 
 
@@ -77,20 +78,27 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     rows = json.loads((shard1 / "manifest.json").read_text())["num_rows"]
     assert rows >= 3
 
+    # A first run that got as far as shard 0: what follows the shards is not there yet.
+    # (Forcing one shard of a finished run instead would leave the view and the checkpoint
+    # looking up to date after a kill: Snakemake does not rebuild a missing intermediate.)
+    for path in ("results/hidden_states/shard_1", "results/hidden_states/all", "results/checkpoint/final"):
+        shutil.rmtree(run / path)
+    (run / "results/lineage.json").unlink()
     staging = run / "results/hidden_states/.staging"
-    proc = start(run, "--cores", "1", "--forcerun", "hidden_states_shard", "results/hidden_states/shard_1", env=env)
+    proc = start(run, "--cores", "1", "results/lineage.json", env=env)
     kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2)
     # inode per staged file: the published shard hard-links them, so equal inodes mean kept
     staged = {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
     assert 2 <= len(staged) < rows
-    assert not shard1.exists()  # a directory() output is removed before its job runs
+    assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
 
-    assert_locked_then_unlock(run)
+    rerun = ("--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
+    assert_locked_then_unlock(run, *rerun)
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
         "hidden_states_shard": 1, "hidden_states_view": 1, "train": 1, "lineage": 1,
     }  # fmt: skip
-    snakemake(run, "--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
+    snakemake(run, *rerun)
     manifest = json.loads((shard1 / "manifest.json").read_text())
     assert manifest["reused_rows"] == len(staged)
     assert manifest["extracted_rows"] == rows - len(staged)
@@ -122,9 +130,10 @@ def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
     assert 1 <= len(done) < epochs, "the kill must land between the first and the last epoch"
     kept = {d.name: (d / "model.safetensors").stat().st_mtime_ns for d in done}
 
-    assert_locked_then_unlock(run)
+    rerun = ("--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
+    assert_locked_then_unlock(run, *rerun)
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {"train": 1, "lineage": 1}
-    snakemake(run, "--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
+    snakemake(run, *rerun)
     starts = re.findall(r"resuming after epoch \d+ of \d+|fresh start", (run / "logs/train.log").read_text())
     assert starts[-1] == f"resuming after epoch {len(done)} of {epochs}"
     # the epochs finished before the kill were not trained again

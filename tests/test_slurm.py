@@ -170,8 +170,8 @@ def test_outputs_equal_a_local_run(slurm_run, local_run):
     for name in ("d2t.npy", "t2d.npy"):
         assert np.array_equal(np.load(slurm / "results/vocab" / name), np.load(local_run / "results/vocab" / name))
     view_a, view_b = slurm / "results/hidden_states/all", local_run / "results/hidden_states/all"
-    files = sorted(p.name for p in view_b.iterdir())
-    assert files and sorted(p.name for p in view_a.iterdir()) == files
+    files = sorted(p.name for p in view_b.glob("hs_*.safetensors"))
+    assert files and sorted(p.name for p in view_a.glob("hs_*.safetensors")) == files
     for name in files:
         ta, tb = load_file(view_a / name), load_file(view_b / name)
         assert ta.keys() == tb.keys()
