@@ -23,6 +23,8 @@ from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, Unavailable
 from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
 
+pytestmark = pytest.mark.slurm
+
 PROFILE = REPO / "profiles" / "slurm"
 GPU_RULES = {"regenerate", "hidden_states_shard", "train", "evaluate"}
 # Settings for a cluster without slurmdbd (docs/cluster.md), fast status checks.
