@@ -25,6 +25,7 @@ include: "rules/speculator_config.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
+include: "rules/lineage.smk"
 
 
 rule all:

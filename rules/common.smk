@@ -47,7 +47,9 @@ wildcard_constraints:
 
 def code(*modules):
     """The draftline modules a step runs and every draftline module they import (parsed with
-    ast, transitively), as inputs: a fix in one, or in a helper it uses, reruns the step."""
+    ast, transitively), as inputs: a fix in one, or in a helper it uses, reruns the step.
+    Bookkeeping the scripts import (provenance, devices) is deliberately not listed: a fix
+    there changes no artifact and must not rerun hours of GPU work."""
     from draftline.provenance import module_closure
 
     return list(module_closure(str(SRC), tuple(modules)))
@@ -79,8 +81,6 @@ def all_outputs():
     ]
 
 
-# issue 4: the lineage rule (results/lineage.json); lead: move this include to the Snakefile.
-include: "lineage.smk"
 
 
 def _sort_keys(value):

@@ -1,12 +1,11 @@
 """Estimate the hidden states' disk use before extraction; stop at hidden_states.max_disk_gb."""
 
-import logging
-
 from draftline.disk import write_estimate
 from draftline.provenance import write_provenance
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     write_estimate(
         snakemake.input.summary,
         snakemake.input.layer_ids,
@@ -18,4 +17,4 @@ if __name__ == "__main__":
         # common.smk checks a changed limit against an existing estimate at parse time.
         max_disk_gb=snakemake.config["hidden_states"].get("max_disk_gb"),
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

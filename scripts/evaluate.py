@@ -1,12 +1,11 @@
 """Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.evaluate)."""
 
-import logging
-
 from draftline.devices import claim_gpus
 from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
+from draftline.logs import log_to
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     make_untrained_draft(
         snakemake.input.config,

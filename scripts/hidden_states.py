@@ -1,14 +1,14 @@
 """Extract one shard of target hidden states with vLLM or transformers (see draftline.hidden_states)."""
 
 import json
-import logging
 
 from draftline.devices import claim_gpus
 from draftline.hidden_states import extract_shard
 from draftline.provenance import write_provenance
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     extract_shard(
         snakemake.input.dataset,
@@ -25,4 +25,4 @@ if __name__ == "__main__":
         # hidden_states.backend: "vllm" (default) or "transformers" (draftline.hidden_states_hf)
         backend=snakemake.params.get("backend", "vllm"),
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

@@ -6,9 +6,10 @@ import logging
 from draftline.atomic import atomic_file
 from draftline.layers import resolve_layer_ids
 from draftline.provenance import write_provenance
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    log_to(snakemake.log[0])
     ids = resolve_layer_ids(
         snakemake.params.layer_ids, snakemake.input.target, snakemake.params.trust_remote_code
     )
@@ -17,4 +18,4 @@ if __name__ == "__main__":
     with atomic_file(snakemake.output[0]) as out:
         json.dump(record, out, indent=1)
         out.write("\n")
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

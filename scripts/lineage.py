@@ -5,9 +5,10 @@ import logging
 
 from draftline.atomic import atomic_file
 from draftline.provenance import build_lineage
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     lineage = build_lineage(snakemake.input.checkpoint)
     logging.info("lineage of %s: %s", snakemake.input.checkpoint, " -> ".join(s["rule"] for s in lineage["chain"]))
     with atomic_file(snakemake.output[0]) as out:

@@ -1,12 +1,11 @@
 """Read, validate, de-duplicate and split the prompt sources (see draftline.prompts)."""
 
-import logging
-
 from draftline.prompts import build_prompts
 from draftline.provenance import write_provenance
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    log_to(snakemake.log[0])
     build_prompts(
         snakemake.params.sources,
         prompts_path=snakemake.output.prompts,
@@ -19,4 +18,4 @@ if __name__ == "__main__":
         seed=snakemake.params.seed,
         regenerate_enabled=snakemake.params.regenerate_enabled,
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

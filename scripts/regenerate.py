@@ -1,13 +1,12 @@
 """Replace the dataset's answers with the target's own, turn by turn (see draftline.regenerate)."""
 
-import logging
-
 from draftline.devices import claim_gpus
 from draftline.provenance import write_provenance
 from draftline.regenerate import RegenerateSettings, regenerate
+from draftline.logs import log_to
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     regenerate(
         snakemake.input.target,
@@ -27,4 +26,4 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             threads=snakemake.threads,
         ),
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,11 +1,10 @@
 """One plot for `snakemake --report` (params.plot names it; see draftline.report)."""
 
-import logging
-
 from draftline import report
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     out = snakemake.output[0]
     plot = snakemake.params.plot
     if plot == "loss":

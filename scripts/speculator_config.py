@@ -1,12 +1,11 @@
 """Write the eagle3 speculator config.json the Trainer starts from (see draftline.speculator_config)."""
 
-import logging
-
 from draftline.provenance import write_provenance
 from draftline.speculator_config import write_speculator_config
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     write_speculator_config(
         snakemake.output[0],
         snakemake.input.target,
@@ -16,4 +15,4 @@ if __name__ == "__main__":
         ttt_steps=snakemake.params.ttt_steps,
         trust_remote_code=snakemake.params.trust_remote_code,
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

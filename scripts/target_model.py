@@ -1,13 +1,13 @@
 """Build the target model folder: the embedded SmolLM2, a hub download, or a chat-template view."""
 
-import logging
 from pathlib import Path
 
 from draftline.provenance import write_provenance
 from draftline.target_model import build_target, resolve_target
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+    log_to(snakemake.log[0])
     # An empty named input is an empty list; a set one is a single path.
     chat_template = snakemake.input.get("chat_template") or None
     if isinstance(chat_template, list):
@@ -20,4 +20,4 @@ if __name__ == "__main__":
         repo_root=Path.cwd(),
     )
     build_target(spec, snakemake.output[0], trust_remote_code=snakemake.params.trust_remote_code)
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,12 +1,11 @@
 """Conversations -> speculators' arrow dataset with assistant-only loss masks (see draftline.tokenization)."""
 
-import logging
-
 from draftline.provenance import write_provenance
 from draftline.tokenization import TokenizeSettings, tokenize
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     tokenize(
         snakemake.input.target,
         snakemake.input.conversations,
@@ -20,4 +19,4 @@ if __name__ == "__main__":
             trust_remote_code=snakemake.params.trust_remote_code,
         ),
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,13 +1,12 @@
 """Train the draft with speculators' Trainer (resuming a cut-short run) and publish final/ (see draftline.train)."""
 
-import logging
-
 from draftline.devices import claim_gpus
 from draftline.provenance import write_provenance
 from draftline.train import TrainInputs, TrainSettings, train
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     train(
         TrainInputs(
@@ -26,4 +25,4 @@ if __name__ == "__main__":
         # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
         gpus=int(snakemake.resources.get("gpu", 0)),
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,12 +1,11 @@
 """Build the draft vocabulary maps d2t/t2d from assistant-token frequencies (see draftline.vocab)."""
 
-import logging
-
 from draftline.provenance import write_provenance
 from draftline.vocab import write_vocab
+from draftline.logs import log_to
 
 if __name__ == "__main__":
-    logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to(snakemake.log[0])
     write_vocab(
         snakemake.input.token_freq,
         snakemake.input.target,
@@ -16,4 +15,4 @@ if __name__ == "__main__":
         snakemake.output.summary,
         trust_remote_code=snakemake.params.trust_remote_code,
     )
-    write_provenance(snakemake)  # provenance.json in the artifact folder (issue 4)
+    write_provenance(snakemake)  # provenance.json beside the artifact
