@@ -7,9 +7,11 @@ config; then the final checkpoint is loaded by speculators and by vLLM as an eag
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,6 +32,11 @@ def default_run(tmp_path_factory):
         capture_output=True, text=True, check=True,
     )
     print(report.stdout)
+    # CI prints this file after the tests (.ci/run): the stage times on an idle 2-core machine.
+    if os.environ.get("DRAFTLINE_CI_RECORDS"):
+        records = Path(os.environ["DRAFTLINE_CI_RECORDS"])
+        records.mkdir(parents=True, exist_ok=True)
+        (records / "pipeline_default.md").write_text(report.stdout)
     return workdir
 
 
