@@ -72,13 +72,15 @@ if __name__ == "__main__":
     del spec
     plain = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=1024)
     without = [o.outputs[0].token_ids for o in plain.chat(prompts, greedy)]
-    print(json.dumps({{"counters": counters, "same": [list(a) == list(b) for a, b in zip(with_spec, without)]}}))
+    record = {{"counters": counters, "same": [list(a) == list(b) for a, b in zip(with_spec, without)]}}
+    with open("{tmp_path / 'result.json'}", "w") as f:
+        json.dump(record, f)
 """
     # vLLM starts its engine in a spawned process, which re-imports the main module from a file.
     (tmp_path / "speculate.py").write_text(script)
     result = subprocess.run([sys.executable, str(tmp_path / "speculate.py")], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-5000:]
-    record = json.loads(result.stdout.strip().splitlines()[-1])
+    record = json.loads((tmp_path / "result.json").read_text())
     counters = record["counters"]
     assert counters["vllm:spec_decode_num_drafts"] > 0
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
