@@ -36,3 +36,33 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
     if threads:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def target_llm(
+    target_dir,
+    *,
+    dtype: str,
+    max_model_len: int,
+    enforce_eager: bool | None,
+    trust_remote_code: bool,
+    seed: int,
+    threads: int | None,
+    **engine_args,
+):
+    """The target in a vLLM engine, loaded the same way by regeneration and evaluation.
+
+    `enforce_eager=None` means eager on CPU (torch.compile costs minutes of start-up there for
+    no speed-up) and compiled on CUDA; `engine_args` go to `vllm.LLM` as they are.
+    """
+    configure_vllm_cpu(threads)
+    from vllm import LLM
+
+    return LLM(
+        model=str(target_dir),
+        dtype=default_dtype(dtype),
+        max_model_len=max_model_len,
+        enforce_eager=not has_cuda() if enforce_eager is None else enforce_eager,
+        trust_remote_code=trust_remote_code,
+        seed=seed,
+        **engine_args,
+    )

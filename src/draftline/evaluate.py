@@ -190,10 +190,7 @@ def check_lossless(prompts: list[Prompt], reference: list[list[int]], speculativ
 
 def create_llm(target_dir: str | Path, settings: EvaluateSettings, draft: str | Path | None = None):
     """The target in vLLM (as every stage loads it), with `draft` for eagle3 speculation."""
-    from draftline.engine import configure_vllm_cpu, default_dtype, has_cuda
-
-    configure_vllm_cpu(settings.threads)
-    from vllm import LLM
+    from draftline.engine import target_llm
 
     extra = {}
     if draft is not None:
@@ -202,13 +199,14 @@ def create_llm(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
             "model": str(draft),
             "num_speculative_tokens": settings.num_speculative_tokens,
         }
-    return LLM(
-        model=str(target_dir),
-        dtype=default_dtype(settings.dtype),
+    return target_llm(
+        target_dir,
+        dtype=settings.dtype,
         max_model_len=settings.max_model_len,
-        enforce_eager=not has_cuda() if settings.enforce_eager is None else settings.enforce_eager,
+        enforce_eager=settings.enforce_eager,
         trust_remote_code=settings.trust_remote_code,
         seed=settings.seed,
+        threads=settings.threads,
         disable_log_stats=False,  # the spec-decode counters are only kept with stats on
         **extra,
     )

@@ -106,18 +106,16 @@ def read_conversations(path: str | Path) -> list[_Conversation]:
 
 def create_llm(target_dir: str | Path, settings: RegenerateSettings):
     """The target in vLLM, loaded the way every stage loads it (engine.py decides dtype/CPU)."""
-    from draftline.engine import configure_vllm_cpu, default_dtype, has_cuda
+    from draftline.engine import target_llm
 
-    configure_vllm_cpu(settings.threads)
-    from vllm import LLM
-
-    return LLM(
-        model=str(target_dir),
-        dtype=default_dtype(settings.dtype),
+    return target_llm(
+        target_dir,
+        dtype=settings.dtype,
         max_model_len=settings.max_model_len,
-        enforce_eager=not has_cuda() if settings.enforce_eager is None else settings.enforce_eager,
+        enforce_eager=settings.enforce_eager,
         trust_remote_code=settings.trust_remote_code,
         seed=settings.seed,
+        threads=settings.threads,
     )
 
 
