@@ -2,7 +2,8 @@
 # Trainer through narrow CPU shims otherwise. Epoch checkpoints live in
 # results/checkpoint/runs/<run key>/ (not an output, so Snakemake keeps them across a killed
 # job's rerun, which resumes there); the key changes with any setting or input, so a changed
-# run never resumes a stale one. final/ is the best-validation epoch (or the last).
+# run never resumes a stale one, and earlier keys' folders are removed once final/ is published
+# (train.keep_old_runs keeps them). final/ is the best-validation epoch (or the last).
 
 
 rule train:

@@ -284,3 +284,45 @@ def test_trained_draft_runs_as_eagle3_in_vllm(tiny_model, trained, tmp_path):
     assert result["metrics"]["vllm:spec_decode_num_drafts"] > 0
     assert result["metrics"]["vllm:spec_decode_num_draft_tokens"] > 0
     assert result["spec"] == result["plain"]
+
+
+def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_inputs, trained, caplog):
+    """A changed learning rate trains a new run folder; once it publishes, the earlier run's
+    folder (every epoch with optimizer state) is removed, unless keep_old_runs is set."""
+    import logging
+
+    from draftline.train import TrainSettings, train
+
+    root, final = trained
+    (old_run,) = (root / "runs").iterdir()
+    with caplog.at_level(logging.INFO):
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 1e-3, "keep_old_runs": True}),
+              root / "runs", final, threads=1)  # fmt: skip
+    runs = sorted(p.name for p in (root / "runs").iterdir())
+    assert old_run.name in runs and len(runs) == 2
+    provenance = json.loads((final / "draftline_provenance.json").read_text())
+    assert provenance["settings"]["lr"] == 1e-3 and provenance["run_key"] != old_run.name
+
+    # The same settings again without keep_old_runs: resumes the new run (nothing to train),
+    # republishes, and removes the first run's folder.
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 1e-3}), root / "runs", final, threads=1)
+    assert [p.name for p in (root / "runs").iterdir()] == [provenance["run_key"]]
+    assert f"removed the earlier run {old_run}" in caplog.text
+
+
+def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(tmp_path):
+    from draftline.train import TrainInputs, TrainSettings, resolve_num_workers, run_key, speculators_args
+
+    assert resolve_num_workers("auto", cuda=False) == 0
+    assert resolve_num_workers("auto", cuda=True) > 0
+    assert resolve_num_workers(6, cuda=False) == 6
+    inputs = TrainInputs(*(tmp_path,) * 6, target="t")
+    args = speculators_args(inputs, TrainSettings(), tmp_path, "bfloat16", "muon", AUX, 100, 64, 4, True)
+    assert args[args.index("--num-workers") + 1] == "4" and "--fsdp-shard" in args
+    assert "--fsdp-shard" not in speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
+    fingerprints = {"dataset": "a"}
+    base = run_key(TrainSettings(), "adamw", 1, fingerprints)
+    assert run_key(TrainSettings(num_workers=8, keep_old_runs=True), "adamw", 1, fingerprints) == base
+    assert run_key(TrainSettings(fsdp=True), "adamw", 1, fingerprints) != base

@@ -318,22 +318,17 @@ def train_inputs(work: Path, target: Path):
 
 
 def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_seq_len: int,
-             fsdp: bool = False) -> dict:
-    """`draftline.train.train` as scripts/train.py calls it; `fsdp` adds speculators' --fsdp-shard."""
+             fsdp: bool = False, num_workers: int | str = "auto") -> dict:
+    """`draftline.train.train` as scripts/train.py calls it, with the `train.fsdp` and
+    `train.num_workers` settings."""
     import draftline.train as dt
 
-    settings = dt.TrainSettings(epochs=epochs, total_seq_len=total_seq_len, train_fraction=0.9)
-    real_args = dt.speculators_args
-    if fsdp:
-        # draftline.train has no FSDP setting yet: append speculators' own flag.
-        dt.speculators_args = lambda *a, **k: [*real_args(*a, **k), "--fsdp-shard"]
+    settings = dt.TrainSettings(epochs=epochs, total_seq_len=total_seq_len, train_fraction=0.9,
+                                fsdp=fsdp, num_workers=num_workers)
     t0 = time.perf_counter()
-    try:
-        with GpuMemoryPoller() as mem:
-            final = dt.train(train_inputs(work, target), settings, work / name / "runs", work / name / "final",
-                             threads=4, gpus=gpus)
-    finally:
-        dt.speculators_args = real_args
+    with GpuMemoryPoller() as mem:
+        final = dt.train(train_inputs(work, target), settings, work / name / "runs", work / name / "final",
+                         threads=4, gpus=gpus)
     wall = time.perf_counter() - t0
     prov = json.loads((final / "draftline_provenance.json").read_text())
     run_dir = Path(prov["run_dir"])
@@ -349,6 +344,7 @@ def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_
     mem_marks = [v for p in profiles for v in (p.get("memory_mb") or {}).values()]
     return {
         "gpus": gpus, "world_size": world, "fsdp_shard": fsdp, "device": prov["device"],
+        "num_workers": dt.resolve_num_workers(num_workers, prov["device"] == "cuda"),
         "optimizer": prov["optimizer"], "epochs": epochs, "total_seq_len": total_seq_len,
         "wall_s": round(wall, 1), "steps_logged_rank0": len(profiles),
         "throughput_rank0": prov["throughput"],
@@ -520,14 +516,15 @@ def markdown(data: dict) -> str:
                   f"| GB/s written | {e['gb_per_s_written']} | |",
                   f"| bytes/token | {e['bytes_per_token']} | |",
                   f"| engine load s | {e['manifest']['load_seconds']} | |", ""]
-    for key in ("train_1gpu", "train_ddp2", "train_fsdp2"):
+    for key in ("train_1gpu", "train_1gpu_workers0", "train_ddp2", "train_fsdp2"):
         if key in s:
             t = s[key]
             lines += [f"## Training `{key}`", "", f"- median step tokens/s (all ranks): **{t['median_tokens_per_s_all_ranks']}**"
                       f" (rank 0: {t['median_step_tokens_per_s_rank0']}); median ms {t['median_ms']}",
                       f"- peak GPU memory (nvidia-smi, MiB): {t['peak_nvidia_smi_mib']}; allocated at step marks "
                       f"(rank 0): {t['peak_memory_allocated_at_marks_mib_rank0']}",
-                      f"- wall {t['wall_s']} s (start-up included), optimizer {t['optimizer']}, val loss {t['val_loss_per_epoch']}", ""]
+                      f"- wall {t['wall_s']} s (start-up included), optimizer {t['optimizer']}, loader workers "
+                      f"{t.get('num_workers')}, val loss {t['val_loss_per_epoch']}", ""]
     if "extraction_variants" in s:
         lines += ["## Extraction variants", "", f"- {s['extraction_variants']}", ""]
     if "reference_fwd_bwd" in s:
@@ -540,6 +537,11 @@ def markdown(data: dict) -> str:
         if key in s and "train_1gpu" in s:
             eff = s[key]["median_tokens_per_s_all_ranks"] / (2 * s["train_1gpu"]["median_tokens_per_s_all_ranks"])
             lines.append(f"Scaling efficiency {key} vs 1 GPU: **{eff:.2f}**\n")
+    if "train_1gpu" in s and "train_1gpu_workers0" in s:
+        w, w0 = s["train_1gpu"], s["train_1gpu_workers0"]
+        ratio = w["median_tokens_per_s_all_ranks"] / w0["median_tokens_per_s_all_ranks"]
+        lines.append(f"Loader workers {w.get('num_workers')} vs 0 (1 GPU, median step tokens/s): **x{ratio:.2f}**; "
+                     f"median fetch ms {w['median_ms'].get('fetch_ms')} vs {w0['median_ms'].get('fetch_ms')}\n")
     if "parallel_shards" in s:
         lines += ["## Two extraction shards at once (CUDA_VISIBLE_DEVICES=0 / 1)", "", f"- {s['parallel_shards']}", ""]
     for key in ("checkpoint", "checkpoint_ddp", "checkpoint_fsdp"):
@@ -607,6 +609,9 @@ def main() -> None:
     stage("train_1gpu", lambda: training(a.work, target, "train_1gpu", 1, a.epochs, a.total_seq_len))
     if "train_1gpu" in ctx:
         stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
+    # The same run with the data loader in the training process (the CPU path's setting).
+    stage("train_1gpu_workers0", lambda: training(a.work, target, "train_1gpu_workers0", 1, a.epochs,
+                                                  a.total_seq_len, num_workers=0))
     stage("reference_fwd_bwd", lambda: reference_fwd_bwd(a.work, target, a.total_seq_len, 20))
     stage("train_ddp2", lambda: training(a.work, target, "train_ddp2", 2, a.epochs, a.total_seq_len), 2)
     if "train_ddp2" in ctx:

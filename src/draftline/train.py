@@ -5,7 +5,8 @@ plus CPU shims), through torchrun with one process per GPU on CUDA. Checkpoints 
 `runs/<run key>/`, where the key hashes the training settings and fingerprints of every
 input: a retry with the same inputs resumes from the newest epoch folder (speculators'
 own resume), a changed setting or input starts a new run dir instead of resuming a stale
-one. Every epoch is kept (no `--save-best`: it skips saving non-best epochs, so a resume
+one; once final/ is published, the run folders of earlier settings are removed unless
+`train.keep_old_runs` is set. Every epoch is kept (no `--save-best`: it skips saving non-best epochs, so a resume
 would repeat them); `checkpoint_best` marks the lowest validation loss. The chosen epoch
 (best validation loss, or the last one with train_fraction 1.0) is copied to `final/`
 in one rename, with provenance.
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from draftline.atomic import atomic_dir
@@ -45,6 +46,9 @@ class TrainSettings:
     train_fraction: float = 0.9
     ttt_steps: int = 3
     seed: int = 0
+    fsdp: bool = False  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
+    num_workers: int | str = "auto"  # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
+    keep_old_runs: bool = False  # keep runs/<key> folders of earlier settings after publishing
 
     @classmethod
     def from_config(cls, block: dict) -> TrainSettings:
@@ -61,6 +65,19 @@ class TrainInputs:
     t2d: Path
     layer_ids: Path
     target: str
+
+
+# Settings that do not change the training trajectory: a retry after changing them resumes.
+NOT_IN_RUN_KEY = ("num_workers", "keep_old_runs")
+CUDA_NUM_WORKERS = 4
+
+
+def resolve_num_workers(requested: int | str, cuda: bool) -> int:
+    # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
+    # batch fetch is ~28% of a step without them (docs/gpu.md).
+    if requested == "auto":
+        return CUDA_NUM_WORKERS if cuda else 0
+    return int(requested)
 
 
 def resolve_optimizer(requested: str, cuda: bool) -> str:
@@ -188,8 +205,9 @@ def input_fingerprints(inputs: TrainInputs) -> dict[str, str]:
 
 
 def run_key(settings: TrainSettings, optimizer: str, world_size: int, fingerprints: dict) -> str:
+    trajectory = {k: v for k, v in asdict(settings).items() if k not in NOT_IN_RUN_KEY}
     payload = {
-        "settings": {**asdict(settings), "optimizer": optimizer},
+        "settings": {**trajectory, "optimizer": optimizer},
         "world_size": world_size,  # changes the global batch, so the trajectory
         "inputs": fingerprints,
     }
@@ -304,7 +322,7 @@ def check_checkpoint(folder: Path, draft_vocab: int, target_vocab: int, hidden: 
 
 def speculators_args(
     inputs: TrainInputs, settings: TrainSettings, run_dir: Path, hs_dtype: str, optimizer: str,
-    aux: list[int], rows: int, draft_vocab: int,
+    aux: list[int], rows: int, draft_vocab: int, num_workers: int = 0, fsdp: bool = False,
 ) -> list[str]:  # fmt: skip
     fraction = settings.train_fraction
     if fraction >= 1.0:
@@ -337,9 +355,10 @@ def speculators_args(
         "--seed", str(settings.seed),
         "--loss-implementation", "eager",  # the fused loss fails inside torch.compile
         "--draft-attn-impl", "sdpa",
-        "--num-workers", "0",
+        "--num-workers", str(num_workers),
         "--save-path", str(run_dir),
         "--log-dir", str(run_dir / "logs"),
+        *(["--fsdp-shard"] if fsdp else []),
     ]  # fmt: skip
 
 
@@ -406,9 +425,13 @@ def train(
         log.info("no CUDA here (the job was given %d GPU(s)): training on the CPU", gpus)
     world_size = min(gpus, torch.cuda.device_count()) if cuda else 1
     optimizer = resolve_optimizer(settings.optimizer, cuda)
+    num_workers = resolve_num_workers(settings.num_workers, cuda)
+    if settings.fsdp and not cuda:
+        log.warning("train.fsdp is set but training runs on the CPU: ignored (FSDP shards across GPUs)")
+    fsdp = settings.fsdp and cuda
     facts = check_inputs(inputs)
     fingerprints = input_fingerprints(inputs)
-    key = run_key(settings, optimizer, world_size, fingerprints)
+    key = run_key(replace(settings, fsdp=fsdp), optimizer, world_size, fingerprints)
     run_dir = Path(runs_dir) / key
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "draftline_run.json").write_text(
@@ -428,7 +451,7 @@ def train(
     metrics_path = run_dir / "metrics.jsonl"
     args = speculators_args(
         inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
-        facts["aux"], facts["rows"], facts["draft_vocab_size"],
+        facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp,
     )  # fmt: skip
     command = launch_command(args, cuda, world_size)
     log.info("running: %s", " ".join(command))
@@ -472,4 +495,24 @@ def train(
             "inputs": fingerprints,
         }
         (staging / "draftline_provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    if not settings.keep_old_runs:
+        prune_old_runs(Path(runs_dir), keep=key)
     return Path(final_dir)
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def prune_old_runs(runs_dir: Path, keep: str) -> list[Path]:
+    """Remove the checkpoint folders of earlier settings or inputs (each holds every epoch with
+    its optimizer state); only folders this module made (with draftline_run.json) are touched."""
+    removed = []
+    for folder in sorted(runs_dir.iterdir()):
+        if folder.name == keep or not (folder / "draftline_run.json").is_file():
+            continue
+        size = _size(folder)
+        shutil.rmtree(folder)
+        log.info("removed the earlier run %s (%.1f MB; train.keep_old_runs: true keeps them)", folder, size / 1e6)
+        removed.append(folder)
+    return removed
