@@ -57,7 +57,7 @@ def test_reordered_config_keys_plan_nothing(run):
     assert planned_jobs(run, TARGET) == {}
 
 
-@pytest.mark.parametrize("change", [{"lr": 0.001}, {"epochs": 3}])
+@pytest.mark.parametrize("change", [{"lr": 0.002}, {"epochs": 3}])
 def test_training_setting_reruns_only_training(run, change):
     edit_config(run, train=change)
     assert planned_jobs(run, TARGET) == AFTER_TRAIN

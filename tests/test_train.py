@@ -195,7 +195,7 @@ def test_run_key_follows_settings_and_inputs():
     inputs = {"dataset": "a", "hidden_states": "b"}
     base = run_key(TrainSettings(), "adamw", 1, inputs)
     assert run_key(TrainSettings(), "adamw", 1, dict(inputs)) == base
-    assert run_key(TrainSettings(lr=1e-3), "adamw", 1, inputs) != base
+    assert run_key(TrainSettings(lr=3e-4), "adamw", 1, inputs) != base
     assert run_key(TrainSettings(), "muon", 1, inputs) != base
     assert run_key(TrainSettings(), "adamw", 2, inputs) != base
     assert run_key(TrainSettings(), "adamw", 1, {**inputs, "hidden_states": "c"}) != base
@@ -296,18 +296,18 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     root, final = trained
     (old_run,) = (root / "runs").iterdir()
     with caplog.at_level(logging.INFO):
-        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 1e-3, "keep_old_runs": True}),
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4, "keep_old_runs": True}),
               root / "runs", final, threads=1)  # fmt: skip
     runs = sorted(p.name for p in (root / "runs").iterdir())
     assert old_run.name in runs and len(runs) == 2
     provenance = json.loads((final / "draftline_provenance.json").read_text())
-    assert provenance["settings"]["lr"] == 1e-3 and provenance["run_key"] != old_run.name
+    assert provenance["settings"]["lr"] == 3e-4 and provenance["run_key"] != old_run.name
 
     # The same settings again without keep_old_runs: resumes the new run (nothing to train),
     # republishes, and removes the first run's folder.
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 1e-3}), root / "runs", final, threads=1)
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}), root / "runs", final, threads=1)
     assert [p.name for p in (root / "runs").iterdir()] == [provenance["run_key"]]
     assert f"removed the earlier run {old_run}" in caplog.text
 

@@ -198,7 +198,7 @@ def plot_wall_times(benchmark_dir: str | Path, out: str | Path) -> dict[str, flo
     ax.bar_label(bars, labels=[_duration(times[n]) for n in names], fontsize=8, padding=2)
     ax.set_xlim(0, max(times.values()) * 1.2)
     ax.set_xlabel("wall time (s)")
-    ax.set_title(f"Stage wall times (total {_duration(sum(times.values()))})")
+    ax.set_title(f"Stage wall times (sum over jobs {_duration(sum(times.values()))}; parallel jobs overlap)", fontsize=10)
     _save(fig, out)
     return times
 

@@ -40,7 +40,7 @@ class TrainSettings:
     """The `train:` config block (names as in config/schema/config.schema.yaml)."""
 
     epochs: int = 3
-    lr: float = 3e-4
+    lr: float = 1e-3
     optimizer: str = "auto"  # auto | adamw | muon
     total_seq_len: int = 4096
     train_fraction: float = 0.9
