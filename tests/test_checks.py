@@ -78,16 +78,6 @@ def test_shape_read_from_the_folder_or_known_for_the_embedded_model(tiny_model, 
     assert target_shape("hub", tmp_path / "absent") is None
 
 
-def test_embedded_shape_matches_the_materialized_folder():
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[1] / "resources/target/SmolLM2-135M-Instruct"
-    if not (folder / "config.json").is_file():
-        pytest.skip("embedded target not materialized")
-    got = shape_from_config(folder / "config.json")
-    assert got == EMBEDDED_SHAPE.__class__(**{**EMBEDDED_SHAPE.__dict__, "source": got.source})
-
-
 def test_nested_text_config_and_broken_config(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "vlm", "text_config": {

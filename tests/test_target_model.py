@@ -200,6 +200,15 @@ def test_embedded_materializes_smollm2(embedded):
 
 
 @pytest.mark.slow
+def test_embedded_shape_used_before_materializing_matches_the_folder(embedded):
+    """The parse-time checks use a known shape for the embedded model before it exists."""
+    from draftline.checks import EMBEDDED_SHAPE, shape_from_config
+
+    got = shape_from_config(embedded / "config.json")
+    assert got == EMBEDDED_SHAPE.__class__(**{**EMBEDDED_SHAPE.__dict__, "source": got.source})
+
+
+@pytest.mark.slow
 def test_embedded_answers_greedily(embedded):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
