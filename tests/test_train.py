@@ -302,6 +302,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     assert old_run.name in runs and len(runs) == 2
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     assert provenance["settings"]["lr"] == 3e-4 and provenance["run_key"] != old_run.name
+    assert (provenance["num_workers"], provenance["fsdp"]) == (0, False)  # as resolved on the CPU
 
     # The same settings again without keep_old_runs: resumes the new run (nothing to train),
     # republishes, and removes the first run's folder.

@@ -344,7 +344,7 @@ def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_
     mem_marks = [v for p in profiles for v in (p.get("memory_mb") or {}).values()]
     return {
         "gpus": gpus, "world_size": world, "fsdp_shard": fsdp, "device": prov["device"],
-        "num_workers": dt.resolve_num_workers(num_workers, prov["device"] == "cuda"),
+        "num_workers": prov["num_workers"],
         "optimizer": prov["optimizer"], "epochs": epochs, "total_seq_len": total_seq_len,
         "wall_s": round(wall, 1), "steps_logged_rank0": len(profiles),
         "throughput_rank0": prov["throughput"],

@@ -6,10 +6,10 @@ plus CPU shims), through torchrun with one process per GPU on CUDA. Checkpoints 
 input: a retry with the same inputs resumes from the newest epoch folder (speculators'
 own resume), a changed setting or input starts a new run dir instead of resuming a stale
 one; once final/ is published, the run folders of earlier settings are removed unless
-`train.keep_old_runs` is set. Every epoch is kept (no `--save-best`: it skips saving non-best epochs, so a resume
-would repeat them); `checkpoint_best` marks the lowest validation loss. The chosen epoch
-(best validation loss, or the last one with train_fraction 1.0) is copied to `final/`
-in one rename, with provenance.
+`train.keep_old_runs` is set. Every epoch is kept (no `--save-best`: it skips saving
+non-best epochs, so a resume would repeat them); `checkpoint_best` marks the lowest
+validation loss. The chosen epoch (best validation loss, or the last one with
+train_fraction 1.0) is copied to `final/` in one rename, with provenance.
 """
 
 from __future__ import annotations
@@ -486,6 +486,8 @@ def train(
             "val_loss_per_epoch": {str(k): v for k, v in losses.items()},
             "settings": asdict(settings),
             "optimizer": optimizer,
+            "num_workers": num_workers,
+            "fsdp": fsdp,
             "world_size": world_size,
             "device": "cuda" if cuda else "cpu",
             "threads": threads,
