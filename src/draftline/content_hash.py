@@ -1,0 +1,87 @@
+"""Content hashes that decide staleness: the same bytes give the same hash wherever they lie.
+
+Snakemake compares params by value, so a content hash among a rule's params reruns the rule
+exactly when the content changes: not when a folder moves, is restored from a backup or is
+cloned afresh (new paths, new mtimes), and always when a file is rewritten in place.
+
+`digest_files` hashes files by their relative names and bytes. Big files (model weights) are
+hashed once and then looked up in a small cache keyed by (absolute path, size, mtime_ns), so a
+dry run over a 140 GB target costs a few stat calls; a moved copy is hashed once more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+# Files this small are always re-read: cheaper than trusting a stat key.
+_ALWAYS_READ = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class HashCache:
+    """sha256 of big files by (absolute path, size, mtime_ns), kept in one JSON file.
+
+    A missing or unreadable cache file is an empty cache; it is rewritten atomically.
+    """
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self._entries: dict[str, str] = {}
+        self._dirty = False
+        if self.path and self.path.is_file():
+            try:
+                self._entries = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+
+    def sha256(self, path: Path) -> str:
+        st = path.stat()
+        if st.st_size <= _ALWAYS_READ:
+            return sha256_file(path)
+        key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in self._entries:
+            self._entries[key] = sha256_file(path)
+            self._dirty = True
+        return self._entries[key]
+
+    def save(self) -> None:
+        if not (self.path and self._dirty):
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self._entries, indent=0, sort_keys=True))
+        os.replace(tmp, self.path)
+        self._dirty = False
+
+
+def digest_files(files: Iterable[tuple[str, Path]], cache: HashCache | None = None) -> str:
+    """One sha256 over (name, content hash) pairs, sorted by name; names are what the caller
+    wants to be position-independent (relative paths, module names)."""
+    cache = cache or HashCache(None)
+    digest = hashlib.sha256()
+    for name, path in sorted(files, key=lambda item: item[0]):
+        digest.update(f"{name}\0{cache.sha256(Path(path))}\n".encode())
+    return digest.hexdigest()
+
+
+def digest_folder(folder: str | Path, cache: HashCache | None = None, skip: Iterable[str] = ()) -> str:
+    """Content hash of every file under `folder` (symlinks followed), by relative path."""
+    folder = Path(folder)
+    skip = set(skip)
+    files = [
+        (str(p.relative_to(folder)), p)
+        for p in folder.rglob("*")
+        if p.is_file() and p.name not in skip and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+    return digest_files(files, cache)
