@@ -44,7 +44,7 @@ def main() -> None:
         )
         write_config(workdir, {
             "target": {"model": str(model)},
-            "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+            "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
             "tokenize": {"max_seq_len": 256},
             "hidden_states": {"shards": args.shards},
             "vocab": {"draft_vocab_size": 256},

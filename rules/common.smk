@@ -66,6 +66,11 @@ def conversations_to_tokenize():
     return "results/prompts/prompts.jsonl"
 
 
+def evaluation_prompt_set_files():
+    """The files of evaluate.prompt_sets (a dataset folder's files too), so an edit reruns evaluation."""
+    return source_files(list(config["evaluate"]["prompt_sets"].values()))
+
+
 def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=SHARDS)
 

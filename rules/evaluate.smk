@@ -1,12 +1,15 @@
-# Acceptance of the final draft in vLLM's own speculative decoding (eagle3), on the held-out
-# prompts training never saw, against an untrained draft of the same config measured in the
-# same job; greedy speculative outputs must equal the target's own (checked on every prompt).
+# Acceptance of the final draft in vLLM's own speculative decoding (eagle3), on the validation
+# prompts (for choosing settings), the test prompts (the figures to report) and the user's own
+# prompt sets, against an untrained draft of the same config measured in the same job; greedy
+# speculative outputs must equal the target's own (checked on every prompt).
 
 
 rule evaluate:
     input:
         target=target_input(),
-        heldout="results/prompts/heldout.jsonl",
+        validation="results/prompts/validation.jsonl",
+        test="results/prompts/test.jsonl",
+        prompt_sets=evaluation_prompt_set_files(),
         draft="results/checkpoint/final",
         config="results/config",
         d2t="results/vocab/d2t.npy",
@@ -33,6 +36,8 @@ rule evaluate:
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         max_prompts=config["evaluate"]["max_prompts"],
         seed=config["evaluate"]["seed"],
+        # as configured (name -> path relative to the working folder); the files are inputs
+        prompt_sets=config["evaluate"]["prompt_sets"],
         max_model_len=config["tokenize"]["max_seq_len"],
         dtype=config["target"]["dtype"],
         chat_template=config["target"]["chat_template"],

@@ -1,7 +1,5 @@
-# Training and held-out conversations: every source read, validated, de-duplicated and split.
-# Proposed for common.smk (fails at parse time, before any job, on a missing/empty source):
-#   from draftline.prompts import check_sources, source_files
-#   check_sources(config["prompts"]["sources"], config["regenerate"]["enabled"], config["prompts"]["on_bad_row"])
+# Training, validation and test conversations: every source read, validated, de-duplicated
+# and split (validation first, then test, off one seeded order; training is the rest).
 
 
 rule prompts:
@@ -11,7 +9,8 @@ rule prompts:
         code=code("prompts"),
     output:
         prompts="results/prompts/prompts.jsonl",
-        heldout="results/prompts/heldout.jsonl",
+        validation="results/prompts/validation.jsonl",
+        test="results/prompts/test.jsonl",
         rejects="results/prompts/rejects.jsonl",
         summary="results/prompts/summary.json",
     log:
@@ -21,7 +20,8 @@ rule prompts:
     params:
         # As configured (paths relative to the workflow folder); each row's "source" is this string.
         sources=config["prompts"]["sources"],
-        heldout=config["prompts"]["heldout"],
+        validation=config["prompts"]["validation"],
+        test=config["prompts"]["test"],
         max_samples=config["prompts"]["max_samples"],
         on_bad_row=config["prompts"]["on_bad_row"],
         regenerate_enabled=config["regenerate"]["enabled"],

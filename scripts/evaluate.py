@@ -3,6 +3,7 @@
 from draftline.devices import claim_gpus
 from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
 from draftline.logs import log_to
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
@@ -17,7 +18,11 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     )
     evaluate(
         snakemake.input.target,
-        snakemake.input.heldout,
+        {
+            "validation": snakemake.input.validation,
+            "test": snakemake.input.test,
+            **snakemake.params.prompt_sets,
+        },
         {"trained": snakemake.input.draft, "untrained": snakemake.output.untrained},
         snakemake.output.acceptance,
         EvaluateSettings(
@@ -32,3 +37,4 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             threads=snakemake.threads,
         ),
     )
+    write_provenance(snakemake)  # results/eval/provenance.json

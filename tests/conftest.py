@@ -55,7 +55,7 @@ def tiny_run(tmp_path_factory, tiny_model):
         ]}) + "\n")
     write_config(workdir, {
         "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
         "regenerate": {"max_new_tokens": 24},
         "tokenize": {"max_seq_len": 256},
         "hidden_states": {"shards": 2},

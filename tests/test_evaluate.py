@@ -186,7 +186,7 @@ def evaluation(tiny_model, tmp_path_factory):
         mp.setattr(vllm.LLM, "get_metrics", get_metrics)
         mp.setattr(ev, "create_llm", create_llm)
         summary = ev.evaluate(
-            tiny_model, heldout, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
+            tiny_model, {"test": heldout}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
         )  # fmt: skip
     written = json.loads((tmp / "acceptance.json").read_text())
@@ -206,7 +206,7 @@ def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
     result, readings = evaluation["json"], evaluation["readings"]
     # before/after each timed generate: target alone, then each draft in order
     assert len(readings) == 6
-    runs = [result["target_alone"], result["drafts"]["trained"], result["drafts"]["untrained"]]
+    runs = [result["sets"]["test"]["target_alone"], result["drafts"]["trained"], result["drafts"]["untrained"]]
     for i, run in enumerate(runs):
         before, after = readings[2 * i], readings[2 * i + 1]
         for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PROMPT_TOKENS):
@@ -223,16 +223,17 @@ def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
 
 def test_counters_agree_with_independent_relations(evaluation):
     result = evaluation["json"]
-    outputs = result["output_tokens"]
-    assert result["prompts"] == len(evaluation["prompts"]) and result["prompt_tokens"] > 0
-    assert result["target_alone"]["counters"][DRAFTS] == 0  # no speculation without a draft
+    test = result["sets"]["test"]
+    outputs = test["output_tokens"]
+    assert result["prompts"] == test["prompts"] == len(evaluation["prompts"]) and test["prompt_tokens"] > 0
+    assert test["target_alone"]["counters"][DRAFTS] == 0  # no speculation without a draft
     for draft in result["drafts"].values():
         c = draft["counters"]
         assert 0 < c[DRAFTS] and c[ACCEPTED] <= c[DRAFT_TOKENS] <= K * c[DRAFTS]
         assert sum(c[ACCEPTED_PER_POS]) == c[ACCEPTED]
         # lossless: the same tokens come out, and each target step emits 1 + accepted of them
         assert c[GENERATION_TOKENS] == outputs == draft["output_tokens"]
-        assert c[PROMPT_TOKENS] == result["prompt_tokens"]
+        assert c[PROMPT_TOKENS] == test["prompt_tokens"]
         assert draft["output_tokens_per_s"] > 0
     trained, untrained = result["drafts"]["trained"], result["drafts"]["untrained"]
     # the oracle always proposes the token the tiny target repeats: nearly every draft accepted
@@ -241,14 +242,49 @@ def test_counters_agree_with_independent_relations(evaluation):
     assert untrained["mean_acceptance_length"] < trained["mean_acceptance_length"]
 
 
+def test_spread_comes_from_vllm_per_request_metrics(evaluation):
+    """Each prompt's own acceptance (vLLM's per-request metrics) sums to the set's counters, and
+    the bootstrap interval brackets the set's figure."""
+    for draft in evaluation["json"]["drafts"].values():
+        spread = draft["spread"]
+        assert spread is not None and spread["prompts"] == len(evaluation["prompts"])
+        low, high = spread["bootstrap_95"]
+        assert low <= draft["mean_acceptance_length"] <= high
+        per_prompt = spread["per_prompt_mean_acceptance_length"]
+        assert per_prompt["min"] <= per_prompt["median"] <= per_prompt["max"]
+        assert per_prompt["min"] <= draft["mean_acceptance_length"] <= per_prompt["max"]
+
+
+def test_spread_bootstrap_is_seeded_and_brackets_the_pooled_ratio():
+    rows = [{"num_accepted_draft_tokens": a, "num_spec_steps": n} for a, n in [(3, 10), (9, 10), (0, 5), (12, 12)]]
+    one, two = ev_spread(rows, seed=1), ev_spread(rows, seed=1)
+    assert one == two
+    pooled = 1 + 24 / 37
+    assert one["bootstrap_95"][0] < pooled < one["bootstrap_95"][1]
+    assert one["per_prompt_mean_acceptance_length"] == {"min": 1.0, "median": 1.9, "max": 2.0}
+    assert ev_spread([None, rows[0]]) is None  # a single prompt has no spread
+
+
+def ev_spread(rows, seed=0):
+    from draftline.evaluate import spread
+
+    return spread(rows, seed=seed)
+
+
 def test_baseline_is_measured_in_the_same_run(evaluation):
     result = evaluation["json"]
     # one evaluate() call loaded the target alone, then with each draft, in that order
     assert evaluation["engines"] == [None, evaluation["oracle"], evaluation["untrained"]]
     assert set(result["drafts"]) == {"trained", "untrained"}
-    assert result["drafts"]["untrained"]["checkpoint"] == str(evaluation["untrained"])
+    assert result["checkpoints"]["untrained"]["path"] == str(evaluation["untrained"])
+    assert len(result["checkpoints"]["trained"]["model_sha256"]) == 64
     assert result["lossless"] is True and result == evaluation["summary"]
-    assert result["prompt_ids"] == [f"p{i}" for i in range(len(evaluation["prompts"]))]
+    assert result["headline_set"] == "test"
+    from draftline.prompts import conversation_id
+
+    assert result["sets"]["test"]["prompt_ids"] == [
+        conversation_id([{"role": "user", "content": p}]) for p in evaluation["prompts"]
+    ]
 
 
 def test_untrained_draft_is_a_fresh_draft_of_the_same_config(evaluation):
@@ -313,7 +349,7 @@ def test_report_rules_draw_the_plots_and_snakemake_writes_the_html(tmp_path, tin
     workdir = tmp_path
     (workdir / "prompts.jsonl").write_text(json.dumps({"prompt": "Hi"}) + "\n")
     write_config(workdir, {
-        "target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "heldout": 1},
+        "target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 0, "test": 1},
         "tokenize": {"max_seq_len": 256}, "vocab": {"draft_vocab_size": 2},
     })  # fmt: skip
     _fabricate_results(workdir)

@@ -37,7 +37,7 @@ CONVERSATIONS = [
 def tiny_config(tiny_model, **changes) -> dict:
     config = {
         "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
         "regenerate": {"enabled": False},
         "tokenize": {"max_seq_len": 256},
         "hidden_states": {"shards": 2},

@@ -23,7 +23,8 @@ def build(tmp_path, sources, **settings):
     summary = build_prompts(
         [str(s) for s in sources],
         prompts_path=out / "prompts.jsonl",
-        heldout_path=out / "heldout.jsonl",
+        validation_path=out / "validation.jsonl",
+        test_path=out / "test.jsonl",
         rejects_path=out / "rejects.jsonl",
         summary_path=out / "summary.json",
         **settings,
@@ -31,7 +32,7 @@ def build(tmp_path, sources, **settings):
     assert json.loads((out / "summary.json").read_text()) == summary
     return (
         read_jsonl(out / "prompts.jsonl"),
-        read_jsonl(out / "heldout.jsonl"),
+        read_jsonl(out / "validation.jsonl") + read_jsonl(out / "test.jsonl"),
         read_jsonl(out / "rejects.jsonl"),
         summary,
     )
@@ -65,9 +66,9 @@ def test_every_format_normalized_with_system_multiturn_and_unicode(tmp_path):
     # multi-turn with unicode (kept as is, not escaped)
     assert [m["role"] for m in contents["Γειά σου"]["messages"]] == ["user", "assistant"] * 2
     assert contents["Γειά σου"]["messages"][1]["content"] == "こんにちは 👋"
-    assert "こんにちは 👋" in (tmp_path / "out" / "prompts.jsonl").read_text(encoding="utf-8") + (
-        tmp_path / "out" / "heldout.jsonl"
-    ).read_text(encoding="utf-8")
+    assert "こんにちは 👋" in "".join(
+        (tmp_path / "out" / name).read_text(encoding="utf-8") for name in ("prompts.jsonl", "validation.jsonl", "test.jsonl")
+    )
     # ShareGPT system/human/gpt -> system/user/assistant
     assert contents["Bonjour ! Ça va ?"]["messages"] == [
         {"role": "system", "content": "Answer in French."},
@@ -275,34 +276,65 @@ def many(tmp_path, n, name="many.jsonl"):
     return write(tmp_path, jsonl(*({"prompt": f"question {i}", "response": f"answer {i}"} for i in range(n))), name)
 
 
-def test_heldout_and_max_samples_disjoint_and_deterministic(tmp_path):
+def test_validation_test_and_max_samples_disjoint_and_deterministic(tmp_path):
     path = many(tmp_path, 50)
-    a = collect_prompts([path], heldout=10, max_samples=25, seed=3)
-    b = collect_prompts([path], heldout=10, max_samples=25, seed=3)
-    assert (a.train, a.heldout) == (b.train, b.heldout)
+    a = collect_prompts([path], validation=6, test=4, max_samples=25, seed=3)
+    b = collect_prompts([path], validation=6, test=4, max_samples=25, seed=3)
+    assert (a.train, a.validation, a.test) == (b.train, b.validation, b.test)
     train_ids = {r["id"] for r in a.train}
-    held_ids = {r["id"] for r in a.heldout}
-    assert (len(train_ids), len(held_ids)) == (25, 10)
-    assert not train_ids & held_ids
-    assert (a.summary["train"], a.summary["heldout"], a.summary["over_max_samples"]) == (25, 10, 15)
+    val_ids = {r["id"] for r in a.validation}
+    test_ids = {r["id"] for r in a.test}
+    assert (len(train_ids), len(val_ids), len(test_ids)) == (25, 6, 4)
+    assert not train_ids & val_ids and not train_ids & test_ids and not val_ids & test_ids
+    assert (a.summary["train"], a.summary["validation"], a.summary["test"], a.summary["over_max_samples"]) == (25, 6, 4, 15)
     # shuffled, not the file order
-    assert [r["messages"][0]["content"] for r in a.heldout] != [f"question {i}" for i in range(10)]
-    # the held-out set does not depend on max_samples; another seed gives another split
-    assert collect_prompts([path], heldout=10, max_samples=None, seed=3).heldout == a.heldout
-    assert len(collect_prompts([path], heldout=10, seed=3).train) == 40
-    assert {r["id"] for r in collect_prompts([path], heldout=10, seed=4).heldout} != held_ids
+    assert [r["messages"][0]["content"] for r in a.validation] != [f"question {i}" for i in range(6)]
+    # the held-out sets do not depend on max_samples; another seed gives another split
+    assert collect_prompts([path], validation=6, test=4, seed=3).test == a.test
+    assert len(collect_prompts([path], validation=6, test=4, seed=3).train) == 40
+    assert {r["id"] for r in collect_prompts([path], validation=6, test=4, seed=4).validation} != val_ids
+
+
+def test_a_larger_test_set_keeps_the_validation_set_and_never_takes_its_rows(tmp_path):
+    """Settings chosen on the validation set stay honest: growing the test set takes rows
+    after the validation set, never the ones choices were made on."""
+    path = many(tmp_path, 50)
+    small = collect_prompts([path], validation=6, test=4, seed=3)
+    large = collect_prompts([path], validation=6, test=10, seed=3)
+    assert large.validation == small.validation
+    assert large.test[:4] == small.test
+    assert not {r["id"] for r in large.test} & {r["id"] for r in small.validation}
 
 
 def test_written_outputs_are_identical_across_runs(tmp_path):
     path = many(tmp_path, 20)
-    settings = dict(heldout=5, max_samples=8, seed=1)
+    settings = dict(validation=3, test=2, max_samples=8, seed=1)
     build(tmp_path / "one", [path], **settings)
     build(tmp_path / "two", [path], **settings)
-    for name in ("prompts.jsonl", "heldout.jsonl", "rejects.jsonl", "summary.json"):
+    for name in ("prompts.jsonl", "validation.jsonl", "test.jsonl", "rejects.jsonl", "summary.json"):
         assert (tmp_path / "one" / "out" / name).read_bytes() == (tmp_path / "two" / "out" / name).read_bytes()
 
 
-def test_heldout_leaving_no_training_rows_is_an_error(tmp_path):
+def test_held_out_sets_leaving_no_training_rows_is_an_error(tmp_path):
     path = many(tmp_path, 5)
-    with pytest.raises(PromptError, match=r"prompts.heldout is 5 but only 5"):
-        collect_prompts([path], heldout=5)
+    with pytest.raises(PromptError, match=r"prompts.validation \+ prompts.test is 3 \+ 2 but only 5"):
+        collect_prompts([path], validation=3, test=2)
+
+
+def test_first_turns_of_a_prompt_set_in_any_format(tmp_path):
+    from draftline.prompts import read_first_turns
+
+    path = write(tmp_path, jsonl(
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi?"},
+                           {"from": "gpt", "value": "Hello."}, {"from": "human", "value": "More?"}]},
+        {"prompt": "Name a planet."},
+        {"prompt": "Name a planet."},
+    ))  # fmt: skip
+    rows = read_first_turns(path)
+    assert [m for _, m in rows] == [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+        [{"role": "user", "content": "Name a planet."}],
+    ]
+    bad = write(tmp_path, jsonl({"prompt": "ok"}) + "{not json\n", "bad.jsonl")
+    with pytest.raises(PromptError, match=r"bad.jsonl:2"):
+        read_first_turns(bad)

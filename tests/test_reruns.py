@@ -118,7 +118,7 @@ def code_run(tmp_path_factory, tiny_model):
     (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(8)))
     write_config(workdir, {
         "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "heldout": 2},
+        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
         "tokenize": {"max_seq_len": 256},
         "hidden_states": {"shards": 2},
         "vocab": {"draft_vocab_size": 256},

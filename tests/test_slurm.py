@@ -61,7 +61,7 @@ def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = ()) ->
             f.write(row + "\n")
     write_config(workdir, {
         "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "heldout": 1},
+        "prompts": {"sources": ["prompts.jsonl"], "validation": 0, "test": 1},
         "regenerate": {"enabled": False},
         "tokenize": {"max_seq_len": 256},
         "hidden_states": {"shards": 2},

@@ -5,8 +5,11 @@
 Builds a target with random weights (Llama-3.1-8B shape, bf16) and a dataset of random token
 rows of realistic length, then runs the pipeline's own code on them:
 - extraction: `draftline.hidden_states.extract_shard(backend="transformers")` (what
-  scripts/hidden_states.py calls), against the compute limit (2 x params FLOPs per token at
-  the bf16 matmul rate measured here) and against a plain decoder forward of the same batches;
+  scripts/hidden_states.py calls), against the compute limit (the decoder's useful FLOPs per
+  token, `decoder_work`, at the bf16 matmul rate measured here) and against a plain decoder
+  forward of the same batches. `--only extraction` runs just that, in depth: the stage in a
+  fresh process (first call cold, second call warm), like-for-like variants alternating in one
+  process (`extraction_variants`), the matmul rate three times, a page-cache-cold first call;
 - training: `draftline.train.train` (what scripts/train.py calls: speculators' Trainer under
   torchrun), against a plain forward+backward loop of the same draft on the Trainer's own batch;
   peak GPU memory from nvidia-smi for both; the checkpoint is loaded back with speculators;
@@ -129,27 +132,53 @@ def gpu_info() -> dict:
             "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
 
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except Exception:  # noqa: BLE001 - no git (the device machine gets a copy of the tree)
+        return None
+
+
+def host_info() -> dict:
+    """CPU count, memory and the dirty-page limits (the stage never syncs: its files go to the
+    page cache first)."""
+    out: dict = {"cpus": os.cpu_count()}
+    for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes"):
+        try:
+            out[f"vm.{name}"] = Path(f"/proc/sys/vm/{name}").read_text().strip()
+        except OSError:
+            pass
+    try:
+        out["MemTotal"] = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split(":")[1].strip()
+    except (OSError, StopIteration):
+        pass
+    return out
+
+
 # ---------------------------------------------------------------- stages
 
 
-def matmul_rate(size: str) -> dict:
-    """bf16 matmul TFLOP/s on random data (mean of 10 after 3 warm-ups), the compute reference."""
+def matmul_rate(size: str, warmup: int = 3, iters: int = 10) -> dict:
+    """bf16 matmul TFLOP/s on random data (mean of `iters` after `warmup` products), the compute reference."""
     if not torch.cuda.is_available():
         return {"tflops": None, "note": "no CUDA"}
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
+    for _ in range(warmup):
         a @ b
     sync()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(10):
+    for _ in range(iters):
         a @ b
     end.record()
     sync()
-    s = start.elapsed_time(end) / 1000 / 10
-    return {"n": n, "tflops": round(2 * n**3 / s / 1e12, 1)}
+    s = start.elapsed_time(end) / 1000 / iters
+    del a, b
+    torch.cuda.empty_cache()
+    return {"n": n, "warmup": warmup, "iters": iters, "tflops": round(2 * n**3 / s / 1e12, 1)}
 
 
 def build_target(folder: Path, size: str) -> dict:
@@ -165,12 +194,16 @@ def build_target(folder: Path, size: str) -> dict:
         model = LlamaForCausalLM(config).to(dtype)
     params = sum(p.numel() for p in model.parameters())
     embed = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+    # The weights extraction multiplies by: the decoder layers' linear layers (no embedding
+    # lookup, no lm_head; norms are elementwise).
+    linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     build_s = time.perf_counter() - t0
     model.save_pretrained(folder)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {"params": params, "params_without_embeddings_and_head": params - embed, "dtype": str(dtype),
+    return {"params": params, "params_without_embeddings_and_head": params - embed,
+            "decoder_linear_params": linear, "dtype": str(dtype),
             "config": SIZES[size], "build_s": round(build_s, 1), "save_s": round(time.perf_counter() - t0 - build_s, 1),
             "bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors"))}
 
@@ -206,10 +239,42 @@ def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: i
         {"aux": ids_.aux, "extracted": ids_.extracted, "num_hidden_layers": ids_.num_hidden_layers}))
     write_speculator_config(work / "config", target, work / "layer_ids.json", draft_vocab)
     return {"rows": rows, "tokens": sum(lengths), "min_len": min(lengths), "max_len": max(lengths),
-            "layer_ids": ids_.extracted, "draft_vocab": draft_vocab}
+            "layer_ids": ids_.extracted, "draft_vocab": draft_vocab, "lengths": lengths}
 
 
-def extraction(work: Path, target: Path, batch_tokens: int, params: int, tflops: float | None) -> dict:
+def decoder_work(size: str, lengths: list[int], linear_params: int | None = None) -> dict:
+    """Useful FLOPs per token of the decoder forward that extraction runs, for these rows.
+
+    F = 2 * P_lin + 4 * L * d * sum_r(s_r * (s_r + 1) / 2) / sum_r(s_r)
+
+    P_lin: weights of the decoder layers' linear layers (q, k, v, o, gate, up, down; the
+    embedding lookup and lm_head are not run, norms and activations are elementwise and left
+    out). Attention, causal, per layer and per head group: the token at position i scores and
+    mixes i + 1 keys, 2 * d * (i + 1) FLOPs for Q K^T and as many for P V, with d = heads x
+    head_dim; summed over a row of length s that is 4 * d * s (s + 1) / 2. Padding is not work.
+    """
+    c = SIZES[size]
+    d, L = c["hidden_size"], c["num_hidden_layers"]
+    hd = d // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * hd
+    per_layer = d * d + 2 * d * kv + d * d + 3 * d * c["intermediate_size"]
+    p_lin = L * per_layer
+    if linear_params is not None and linear_params != p_lin:
+        raise RuntimeError(f"decoder linear params {linear_params} != {p_lin} from the config")
+    tokens = sum(lengths)
+    causal_pairs = sum(s * (s + 1) // 2 for s in lengths)
+    attn = 4 * L * d * causal_pairs / tokens
+    return {
+        "formula": "F = 2*P_lin + 4*L*d*sum_r(s_r*(s_r+1)/2)/sum_r(s_r)",
+        "P_lin": p_lin, "L": L, "d": d, "rows": len(lengths), "tokens": tokens,
+        "sum_causal_pairs": causal_pairs, "mean_row_len": round(tokens / len(lengths), 1),
+        "token_weighted_mean_row_len": round(sum(s * s for s in lengths) / tokens, 1),
+        "linear_flops_per_token": 2 * p_lin, "attention_flops_per_token": round(attn),
+        "flops_per_token": round(2 * p_lin + attn),
+    }
+
+
+def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:
     from draftline.hidden_states import build_view, extract_shard
 
     layer_ids = json.loads((work / "layer_ids.json").read_text())
@@ -223,8 +288,8 @@ def extraction(work: Path, target: Path, batch_tokens: int, params: int, tflops:
            "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3),
            "bytes_per_token": round(m["bytes"] / m["tokens"], 1),
            "batch_tokens": batch_tokens}
-    if tflops:
-        limit = tflops * 1e12 / (2 * params)
+    if tflops and flops_per_token:
+        limit = tflops * 1e12 / flops_per_token
         out["compute_limit_tokens_per_s"] = round(limit, 1)
         out["fraction_of_compute_limit"] = round(m["tokens_per_s"] / limit, 3)
     return out
@@ -270,43 +335,276 @@ def plain_forward(work: Path, target: Path, batch_tokens: int, max_batches: int)
             "tokens_per_s": round(tokens / s, 1)}
 
 
-def extraction_variants(work: Path, target: Path, params: int, tflops: float | None) -> dict:
-    """Where extraction time goes: capture + device->host copy alone (nothing written), and
-    full extraction at other batch sizes / numbers of batches in flight."""
+def _summ(vals: list[float]) -> dict:
+    v = sorted(vals)
+    return {"n": len(v), "min": v[0],
+            "median": v[len(v) // 2] if len(v) % 2 else round((v[len(v) // 2 - 1] + v[len(v) // 2]) / 2, 3),
+            "max": v[-1], "all": vals}
+
+
+def _timeline_rates(writes: list[tuple[float, int]], forwards: list[tuple[float, int]], t_start: float) -> dict:
+    """From the time each row was written and each batch's forward began: when the first
+    row was on disk, how long the first batch took (to the second batch's forward), and the
+    rate from the second batch's forward to the last write (the first batch left out)."""
+    if not writes or not forwards:
+        return {}
+    writes, forwards = sorted(writes), sorted(forwards)
+    total, t_end = sum(n for _, n in writes), writes[-1][0]
+    out = {"batches": len(forwards), "first_row_written_s": round(writes[0][0] - t_start, 2)}
+    if len(forwards) > 1:
+        out["first_batch_s"] = round(forwards[1][0] - t_start, 2)
+        out["tokens_per_s_after_first_batch"] = round((total - forwards[0][1]) / (t_end - forwards[1][0]), 1)
+    return out
+
+
+def extract_calls_main() -> None:
+    """A fresh process that does what scripts/hidden_states.py does (claim a GPU, then
+    `extract_shard(backend="transformers")` with the pipeline's defaults) `--calls` times,
+    each into a new folder, and writes the timings to `--result` (JSON). Each written row's
+    time is recorded by wrapping `hidden_states_hf._write_row` (it still does the writing)."""
+    t_main = time.time()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd")
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--result", type=Path)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s calls %(name)s %(message)s")
+    from draftline.devices import claim_gpus
+    from draftline.hidden_states import extract_shard
+    import draftline.hidden_states_hf as hf
+
+    t_imp = time.time()
+    got = claim_gpus(1)
+    t_claim = time.time()
+    marks: list[tuple[float, int]] = []
+    fwd_marks: list[tuple[float, int]] = []
+    run_start: list[float] = []
+    write_row, run_batches, forward = hf._write_row, hf.run_batches, hf.HFExtractor.forward
+
+    def timed_forward(self, token_ids):
+        fwd_marks.append((time.perf_counter(), sum(map(len, token_ids))))
+        return forward(self, token_ids)
+
+    def timed_write_row(*args, **kw):
+        n = write_row(*args, **kw)
+        marks.append((time.perf_counter(), n))
+        return n
+
+    def timed_run_batches(*args, **kw):
+        run_start.append(time.perf_counter())
+        return run_batches(*args, **kw)
+
+    hf._write_row, hf.run_batches, hf.HFExtractor.forward = timed_write_row, timed_run_batches, timed_forward
+    layer_ids = json.loads((a.work / "layer_ids.json").read_text())
+    out = {"process_start_to_main_s": None, "imports_s": round(t_imp - t_main, 2), "claim_gpus_s": round(t_claim - t_imp, 2),
+           "claimed": got, "t_main_epoch": t_main, "batch_tokens": hf.DEFAULT_BATCH_TOKENS,
+           "max_batches_in_flight": hf.MAX_BATCHES_IN_FLIGHT, "calls": []}
+    for call in range(1, a.calls + 1):
+        import shutil
+
+        marks.clear()
+        fwd_marks.clear()
+        run_start.clear()
+        dest = a.work / f"hs_call{call}" / "shard_0"
+        t0 = time.perf_counter()
+        m = extract_shard(a.work / "dataset", a.target, layer_ids, 0, 1, dest, backend="transformers",
+                          chunk_rows=64, dtype="auto", threads=8)
+        wall = time.perf_counter() - t0
+        rec = {"call": call, "wall_s": round(wall, 2), "tokens": m["tokens"], "rows": m["num_rows"],
+               "load_seconds": m["load_seconds"], "extract_seconds": m["extract_seconds"],
+               "tokens_per_s": m["tokens_per_s"], "tokens_per_wall_s": round(m["tokens"] / wall, 1),
+               "bytes": m["bytes"], "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3),
+               "outside_extract_s": round(wall - m["extract_seconds"], 2),
+               **_timeline_rates(marks, fwd_marks, run_start[0])}
+        out["calls"].append(rec)
+        log.info("call %d: %s", call, rec)
+        shutil.rmtree(dest.parent)
+        a.result.write_text(json.dumps(out, indent=1) + "\n")
+    a.result.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def headline(work: Path, target: Path, calls: int = 2, drop_caches: bool = False) -> dict:
+    """The pipeline's stage in a fresh process: first call (cold, start-up included), then a
+    second call in the same process (warm). With `drop_caches`, the page cache is dropped first
+    (the target is read from disk)."""
+    out: dict = {}
+    if drop_caches:
+        if not torch.cuda.is_available():  # only on the lent GPU machine, never on a shared one
+            return {"page_cache_dropped": "no: not on a CUDA machine"}
+        subprocess.run(["sync"], check=False)
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            out["page_cache_dropped"] = True
+        except OSError as e:
+            out["page_cache_dropped"] = f"no: {e}"
+            return out
+    res = work / f"calls_{calls}_{int(drop_caches)}.json"
+    cmd = [sys.executable, __file__, "extract-calls", "--work", str(work), "--target", str(target),
+           "--calls", str(calls), "--result", str(res)]
+    t0 = time.time()
+    subprocess.run(cmd, check=True)
+    total = time.time() - t0
+    r = json.loads(res.read_text())
+    r["process_start_to_main_s"] = round(r.pop("t_main_epoch") - t0, 2)
+    r["process_wall_s"] = round(total, 2)
+    r["command"] = shlex.join(cmd)
+    out.update(r)
+    c = r["calls"]
+    if len(c) >= 2:
+        c1, c2 = c[0], c[1]
+        extra = c1["wall_s"] - c2["wall_s"]
+        fixed2 = c2["wall_s"] - c2["tokens"] / c2["tokens_per_s"]  # warm call's load, dataset, publish
+        fixed1 = c1["wall_s"] - c1["tokens"] / c2["tokens_per_s"]  # everything in call 1 beyond the warm rate
+        rate = c2["tokens_per_s"]
+        # first call on N tokens: T1(N) = extra + fixed2 + N / rate; extra / T1(N) < 5% when:
+        out["first_call_extra_s"] = round(extra, 2)
+        out["warm_call_fixed_s"] = round(fixed2, 2)
+        out["first_call_fixed_s"] = round(fixed1, 2)
+        out["tokens_for_extra_under_5pct"] = round(max(0.0, rate * (19 * extra - fixed2)))
+        # fixed1 / (fixed1 + N / rate) < 5% (a fresh job's whole fixed cost, load included):
+        out["tokens_for_fixed_under_5pct"] = round(19 * fixed1 * rate)
+    return out
+
+
+class _HostOnlyExtractor:
+    """Stands in for HFExtractor in `run_batches`: hands out host tensors of each batch's shape
+    at once (zeros), so the stage's writer threads (save + validate) run alone."""
+
+    def __init__(self, extracted: list[int], hidden: int, max_elems: int, dtype: str):
+        self.extracted, self.hidden_size, self.dtype, self.cuda = extracted, hidden, dtype, False
+        self.buf = torch.zeros(max_elems, dtype=getattr(torch, dtype))
+
+    def forward(self, token_ids):
+        shape = (len(token_ids), max(map(len, token_ids)), len(self.extracted), self.hidden_size)
+        return self.buf[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape)
+
+    def to_host(self, states):
+        return states, None
+
+
+def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int,
+                        flops_per_token: float | None, tflops: float | None) -> dict:
+    """Like-for-like variants, all warm, in one process, alternating, `rounds` times each:
+    - stage_inflight4 / stage_inflight2: `extract_shard(backend="transformers")` with
+      MAX_BATCHES_IN_FLIGHT 4 (the default) / 2;
+    - plain_forward: the same decoder on the same batches (all of them), no capture, nothing kept;
+    - capture_copy: HFExtractor.forward (output_hidden_states, stack) + the copy to pinned
+      host memory, nothing written;
+    - writers_only: the stage's `run_batches` with host tensors handed out at once (no GPU):
+      save + validate of the same files by the same 4 writer threads, no fsync (as the stage).
+    One untimed extract_shard call first, so no variant pays this process's first call."""
+    import shutil
+
     import draftline.hidden_states_hf as hf
     from datasets import load_from_disk
     from draftline.hidden_states import extract_shard
 
     layer_ids = json.loads((work / "layer_ids.json").read_text())
-    out: dict = {}
-    decoder = hf.load_decoder(target, "bfloat16", "cuda")
-    ex = hf.HFExtractor(decoder, layer_ids["extracted"], decoder.config.hidden_size, "bfloat16")
     ids = load_from_disk(str(work / "dataset")).with_format(None)["input_ids"]
     lengths = {r: len(x) for r, x in enumerate(ids)}
-    for bt in (32768, 65536):
-        plan = hf.batches(list(lengths), lengths, bt, 64)
-        ex.to_host(ex.forward([ids[r] for r in plan[0]]))
+    ids_by_row = dict(enumerate(ids))
+    plan = hf.batches(list(lengths), lengths, batch_tokens, 64)
+    tokens = sum(lengths.values())
+    padded = sum(len(b) * max(lengths[r] for r in b) for b in plan)
+    default_inflight = hf.MAX_BATCHES_IN_FLIGHT
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "bfloat16" if device == "cuda" else "float32"  # what dtype "auto" resolves to
+
+    def stage(inflight):
+        hf.MAX_BATCHES_IN_FLIGHT = inflight
+        try:
+            d = work / "hs_var" / "shard_0"
+            t0 = time.perf_counter()
+            m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, backend="transformers",
+                              chunk_rows=64, dtype="auto", threads=8, batch_tokens=batch_tokens)
+            wall = time.perf_counter() - t0
+            shutil.rmtree(d.parent)
+        finally:
+            hf.MAX_BATCHES_IN_FLIGHT = default_inflight
+        return {"tokens_per_s": m["tokens_per_s"], "wall_s": round(wall, 2), "load_s": m["load_seconds"],
+                "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3)}
+
+    warmup = stage(default_inflight)
+    plain_decoder = hf.load_decoder(target, dtype, device)
+    cap_decoder = hf.load_decoder(target, dtype, device)
+    ex = hf.HFExtractor(cap_decoder, layer_ids["extracted"], cap_decoder.config.hidden_size, dtype)
+
+    def plain_batch(batch):
+        rows = [ids[r] for r in batch]
+        longest = max(map(len, rows))
+        x = torch.zeros((len(rows), longest), dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for b, row in enumerate(rows):
+            x[b, : len(row)] = torch.as_tensor(row)
+            mask[b, : len(row)] = 1
+        with torch.inference_mode():
+            plain_decoder(input_ids=x.to(device), attention_mask=mask.to(device), use_cache=False)
+
+    def plain():
         sync()
         t0 = time.perf_counter()
         for b in plan:
+            plain_batch(b)
+        sync()
+        return {"tokens_per_s": round(tokens / (time.perf_counter() - t0), 1)}
+
+    def capture():
+        sync()
+        t0 = time.perf_counter()
+        event = None
+        for b in plan:
             host, event = ex.to_host(ex.forward([ids[r] for r in b]))
-        event.synchronize()
-        out[f"capture_and_copy_only_bt{bt}_tokens_per_s"] = round(sum(lengths.values()) / (time.perf_counter() - t0), 1)
-    del decoder, ex
-    torch.cuda.empty_cache()
-    limit = tflops * 1e12 / (2 * params) if tflops and params else None
-    default_inflight = hf.MAX_BATCHES_IN_FLIGHT
-    for bt, inflight in ((65536, 2), (32768, 4), (65536, 4)):
-        hf.MAX_BATCHES_IN_FLIGHT = inflight
-        d = work / f"hs_var_{bt}_{inflight}" / "shard_0"
-        m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, backend="transformers", batch_tokens=bt)
-        out[f"extract_bt{bt}_inflight{inflight}"] = {"tokens_per_s": m["tokens_per_s"],
-            "fraction_of_compute_limit": round(m["tokens_per_s"] / limit, 3) if limit else None,
-            "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3)}
-        import shutil
-        shutil.rmtree(d.parent)
-    hf.MAX_BATCHES_IN_FLIGHT = default_inflight
-    return out
+        if event is not None:
+            event.synchronize()
+        return {"tokens_per_s": round(tokens / (time.perf_counter() - t0), 1)}
+
+    fake = _HostOnlyExtractor(layer_ids["extracted"], cap_decoder.config.hidden_size,
+                              max(len(b) * max(lengths[r] for r in b) for b in plan)
+                              * len(layer_ids["extracted"]) * cap_decoder.config.hidden_size, dtype)
+
+    def writers():
+        d = work / "hs_writers"
+        d.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        n = hf.run_batches(fake, list(lengths), ids_by_row, d, batch_tokens=batch_tokens, max_rows=64)
+        s = time.perf_counter() - t0
+        nbytes = sum(f.stat().st_size for f in d.iterdir())
+        shutil.rmtree(d)
+        return {"tokens_per_s": round(n / s, 1), "gb_per_s_written": round(nbytes / s / 1e9, 3)}
+
+    # warm-ups of the in-process variants (first batch each)
+    plain_batch(plan[0])
+    capture_first = ex.to_host(ex.forward([ids[r] for r in plan[0]]))[1]
+    if capture_first is not None:
+        capture_first.synchronize()
+    sync()
+    variants = {"stage_inflight4": lambda: stage(4), "stage_inflight2": lambda: stage(2),
+                "plain_forward": plain, "capture_copy": capture, "writers_only": writers}
+    names = list(variants)
+    runs: dict[str, list[dict]] = {k: [] for k in names}
+    order = []
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:  # rotated each round
+            log.info("variant %s, round %d", k, r + 1)
+            runs[k].append(variants[k]())
+            order.append(k)
+    del plain_decoder, cap_decoder, ex, fake
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    limit = tflops * 1e12 / flops_per_token if tflops and flops_per_token else None
+    summary = {}
+    for k, rs in runs.items():
+        sm = _summ([x["tokens_per_s"] for x in rs])
+        if limit:
+            sm["median_fraction_of_limit"] = round(sm["median"] / limit, 3)
+        if "gb_per_s_written" in rs[0]:
+            sm["gb_per_s_written"] = _summ([x["gb_per_s_written"] for x in rs])
+        summary[k] = sm
+    return {"rounds": rounds, "order": order, "batches": len(plan), "tokens": tokens, "padded_tokens": padded,
+            "batch_tokens": batch_tokens, "compute_limit_tokens_per_s": round(limit, 1) if limit else None,
+            "warmup_call": warmup, "runs": runs, "summary": summary}
 
 
 def train_inputs(work: Path, target: Path):
@@ -499,13 +797,15 @@ def parallel_shards(work: Path, target: Path, batch_tokens: int) -> dict:
 def markdown(data: dict) -> str:
     m, s = data["meta"], data["stages"]
     lines = [f"# CUDA benchmark ({m['size']})", "", f"- command: `{m['command']}`", f"- GPU: {m['gpu']}",
-             f"- versions: {m['versions']}", f"- started: {m['started']}", ""]
+             f"- versions: {m['versions']}", f"- started: {m['started']}, finished: {m.get('finished')}",
+             f"- commit: {m.get('commit')}; host: {m.get('host')}", ""]
     if "matmul" in s:
         lines.append(f"bf16 matmul 8192^3: **{s['matmul']['tflops']} TFLOP/s** (measured in this run)\n")
     if "target" in s:
         t = s["target"]
         lines.append(f"Target: random Llama, {t['params'] / 1e9:.2f} B params ({t['dtype']}), built in "
-                     f"{t['build_s']} s, saved in {t['save_s']} s. Data: {s.get('data', {})}\n")
+                     f"{t['build_s']} s, saved in {t['save_s']} s. Data: "
+                     f"{ {k: v for k, v in s.get('data', {}).items() if k != 'lengths'} }\n")
     if "extraction" in s:
         e = s["extraction"]
         ref = s.get("plain_forward", {})
@@ -525,8 +825,6 @@ def markdown(data: dict) -> str:
                       f"(rank 0): {t['peak_memory_allocated_at_marks_mib_rank0']}",
                       f"- wall {t['wall_s']} s (start-up included), optimizer {t['optimizer']}, loader workers "
                       f"{t.get('num_workers')}, val loss {t['val_loss_per_epoch']}", ""]
-    if "extraction_variants" in s:
-        lines += ["## Extraction variants", "", f"- {s['extraction_variants']}", ""]
     if "reference_fwd_bwd" in s:
         r = s["reference_fwd_bwd"]
         lines += ["## Reference: plain forward+backward of the same draft", "", f"- {r}", ""]
@@ -549,9 +847,69 @@ def markdown(data: dict) -> str:
             c = s[key]
             lines += [f"## {key}", "", f"- loads with speculators as {c['loaded_class']} ({c['params']} params); "
                       f"tensors {c['tensors']}", ""]
+    lines += markdown_extraction(s)
     if data["errors"]:
         lines += ["## Errors", ""] + [f"### {k}\n```\n{v}\n```" for k, v in data["errors"].items()]
     return "\n".join(lines) + "\n"
+
+
+def markdown_extraction(s: dict) -> list[str]:
+    """The `--only extraction` stages: the stage's first and second call, the limit, the variants."""
+    lines: list[str] = []
+    w, lim = s.get("decoder_work"), s.get("compute_limit", {}).get("tokens_per_s")
+    if w:
+        lines += ["## Decoder work per token (useful FLOPs, these rows)", "",
+                  f"`{w['formula']}` with P_lin = {w['P_lin']:,} (decoder layers' linear weights), L = {w['L']}, "
+                  f"d = {w['d']}, {w['rows']} rows, {w['tokens']:,} tokens, sum_r s_r(s_r+1)/2 = {w['sum_causal_pairs']:,} "
+                  f"(mean row {w['mean_row_len']}, token-weighted mean {w['token_weighted_mean_row_len']}): "
+                  f"{w['linear_flops_per_token'] / 1e9:.3f} + {w['attention_flops_per_token'] / 1e9:.3f} = "
+                  f"**{w['flops_per_token'] / 1e9:.3f} GFLOP/token**", ""]
+    if "compute_limit" in s:
+        c = s["compute_limit"]
+        lines += [f"bf16 matmul 8192^3 (start, between, end of the call): {c['matmul_tflops_measured']} TFLOP/s; "
+                  f"limit = {c['matmul_tflops_median']} TFLOP/s / F = **{c['tokens_per_s']:,.0f} tokens/s**", ""]
+
+    def frac(x):
+        return f" ({x / lim:.2f} of the limit)" if lim and x else ""
+
+    if "headline" in s:
+        h = s["headline"]
+        lines += ["## The pipeline's stage, fresh process (`extract_shard(backend=\"transformers\")`)", "",
+                  f"- process start to main {h['process_start_to_main_s']} s, imports {h['imports_s']} s, "
+                  f"claim_gpus {h['claim_gpus_s']} s, process wall {h['process_wall_s']} s",
+                  "", "| call | tokens | wall s | load s | extract s | tokens/s (manifest: tokens / extract s) "
+                  "| tokens / wall s | first batch s | tokens/s after the first batch | GB/s written |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in h["calls"]:
+            lines.append(f"| {c['call']} | {c['tokens']:,} | {c['wall_s']} | {c['load_seconds']} | {c['extract_seconds']} | "
+                         f"**{c['tokens_per_s']:,.0f}**{frac(c['tokens_per_s'])} | {c['tokens_per_wall_s']:,.0f} | "
+                         f"{c.get('first_batch_s')} | {c.get('tokens_per_s_after_first_batch')} | {c['gb_per_s_written']} |")
+        if "first_call_extra_s" in h:
+            lines += ["", f"- first call's extra over the second: {h['first_call_extra_s']} s; its share of a first call "
+                          f"falls under 5% from **{h['tokens_for_extra_under_5pct']:,} tokens** per shard",
+                      f"- a fresh job's whole fixed cost (call 1 minus its tokens at the warm rate; load included): "
+                      f"{h['first_call_fixed_s']} s; under 5% from {h['tokens_for_fixed_under_5pct']:,} tokens"]
+        lines.append("")
+    if "headline_disk_cold" in s:
+        h = s["headline_disk_cold"]
+        if h.get("calls"):
+            c = h["calls"][0]
+            lines += [f"Fresh process after dropping the page cache (target read from disk): wall {c['wall_s']} s, "
+                      f"load {c['load_seconds']} s, {c['tokens_per_s']:,.0f} tokens/s{frac(c['tokens_per_s'])}", ""]
+        else:
+            lines += [f"Page-cache-cold call: {h.get('page_cache_dropped')}", ""]
+    if "extraction_variants" in s:
+        v = s["extraction_variants"]
+        lines += ["## Like-for-like variants (one process, warm, alternating)", "",
+                  f"{v['rounds']} rounds, {v['batches']} batches of <= {v['batch_tokens']} padded tokens, {v['tokens']:,} "
+                  f"tokens ({v['padded_tokens']:,} padded); order: {', '.join(v['order'])}", "",
+                  "| variant | tokens/s min | median | max | median / limit | GB/s written (median) |", "|---|---|---|---|---|---|"]
+        for k, m in v["summary"].items():
+            gb = m.get("gb_per_s_written", {}).get("median", "")
+            lines.append(f"| {k} | {m['min']:,.0f} | **{m['median']:,.0f}** | {m['max']:,.0f} | "
+                         f"{m['median'] / lim if lim else 0:.2f} | {gb} |")
+        lines.append("")
+    return lines
 
 
 def main() -> None:
@@ -568,14 +926,21 @@ def main() -> None:
     ap.add_argument("--stages", default="matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,"
                                         "extraction_variants,reference_fwd_bwd,train_ddp2,checkpoint_ddp,parallel_shards,"
                                         "train_fsdp2,checkpoint_fsdp")
+    ap.add_argument("--only", choices=["extraction"], help="extraction: the stage in a fresh process (first "
+                    "and second call), the like-for-like variants, the matmul rate before, between and after, "
+                    "and a first call with the page cache dropped (overrides --stages)")
+    ap.add_argument("--rounds", type=int, default=3, help="repetitions of each extraction variant")
     a = ap.parse_args()
+    if a.only == "extraction":
+        a.stages = "matmul,target,data,headline,matmul_mid,extraction_variants,matmul_end,headline_disk_cold"
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         handlers=[logging.StreamHandler(), logging.FileHandler(a.out / "bench.log")])
     stages = a.stages.split(",")
     res = Results(a.out, {"command": shlex.join([sys.executable, *sys.argv]), "size": a.size, "gpu": gpu_info(),
-                          "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)})
+                          "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "args": vars(a),
+                          "commit": os.environ.get("BENCH_COMMIT") or _git_commit(), "host": host_info()})
     target = a.work / "target"
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     ctx: dict = {}
@@ -597,15 +962,33 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - record and go on with the next stage
             res.error(name, err)
 
-    stage("matmul", lambda: matmul_rate(a.size))
+    long_mm = dict(warmup=20, iters=100) if a.only else {}
+    stage("matmul", lambda: matmul_rate(a.size, **long_mm))
     stage("target", lambda: build_target(target, a.size))
-    params = res.data["stages"].get("target", {}).get("params", 0)
     stage("data", lambda: build_data(a.work, target, a.rows, a.seq_len, min(a.draft_vocab, SIZES[a.size]["vocab_size"] // 2),
                                      SIZES[a.size]["vocab_size"]))
+    flops = None
+    if "data" in ctx:
+        work_ = decoder_work(a.size, ctx["data"]["lengths"], ctx.get("target", {}).get("decoder_linear_params"))
+        res.put("decoder_work", work_)
+        flops = work_["flops_per_token"]
     tflops = res.data["stages"].get("matmul", {}).get("tflops")
-    stage("extraction", lambda: extraction(a.work, target, a.batch_tokens, params, tflops))
+    stage("extraction", lambda: extraction(a.work, target, a.batch_tokens, flops, tflops))
     stage("plain_forward", lambda: plain_forward(a.work, target, a.batch_tokens, 8))
-    stage("extraction_variants", lambda: extraction_variants(a.work, target, params, tflops), 1)
+    stage("headline", lambda: headline(a.work, target, 2))
+    stage("matmul_mid", lambda: matmul_rate(a.size, **long_mm))
+    rates = [res.data["stages"][k]["tflops"] for k in ("matmul", "matmul_mid") if res.data["stages"].get(k, {}).get("tflops")]
+    tflops = sorted(rates)[len(rates) // 2] if rates else tflops
+    stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds, flops, tflops))
+    stage("matmul_end", lambda: matmul_rate(a.size, **long_mm))
+    stage("headline_disk_cold", lambda: headline(a.work, target, 1, drop_caches=True))
+    rates = [res.data["stages"][k]["tflops"] for k in ("matmul", "matmul_mid", "matmul_end")
+             if res.data["stages"].get(k, {}).get("tflops")]
+    if rates and flops:
+        r = sorted(rates)[len(rates) // 2]
+        res.put("compute_limit", {"matmul_tflops_measured": rates, "matmul_tflops_median": r,
+                                  "flops_per_token": flops, "tokens_per_s": round(r * 1e12 / flops, 1),
+                                  "formula": "limit = median bf16 matmul rate / F"})
     stage("train_1gpu", lambda: training(a.work, target, "train_1gpu", 1, a.epochs, a.total_seq_len))
     if "train_1gpu" in ctx:
         stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
@@ -653,5 +1036,7 @@ def extract_shard_main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "extract-shard":
         extract_shard_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "extract-calls":
+        extract_calls_main()
     else:
         main()

@@ -1,14 +1,20 @@
-"""Acceptance of a draft in vLLM's own speculative decoding, on the held-out prompts.
+"""Acceptance of a draft in vLLM's own speculative decoding, on named prompt sets.
 
-One evaluation loads the target three times, one after the other, on the same prompts with
-the same greedy settings: alone (the reference outputs and the speed without speculation),
-with the trained draft, and with an untrained draft of the same config (the baseline). All
+The sets are the validation prompts (for choosing settings), the test prompts (the figures to
+report: no choice looks at them) and any files the user names in `evaluate.prompt_sets`. One
+evaluation loads the target three times, one after the other, and asks every set with the
+same greedy settings: alone (the reference outputs and the speed without speculation), with
+the trained draft, and with an untrained draft of the same config (the baseline). All
 acceptance numbers come from vLLM's own spec-decode counters (`LLM.get_metrics()`), read
-before and after each timed `generate`, so warm-up and earlier engines never leak in:
+before and after each set's timed `generate`, so warm-up and earlier sets never leak in:
 
 - acceptance rate = accepted tokens / draft tokens
 - mean acceptance length = 1 + accepted tokens / drafts (tokens emitted per target step)
 - acceptance per position i = accepted at position i / drafts
+
+The spread of a set's mean acceptance length comes from vLLM's per-request spec-decode
+metrics (`per_request_spec_decode_metrics="summary"`): a bootstrap over the set's prompts
+(resampled with a fixed seed) gives a 95% interval, and the per-prompt values their range.
 
 Greedy speculative decoding is lossless: every speculative output must be token-identical
 to the target's own; the first prompt where it is not stops the evaluation (LosslessError).
@@ -19,6 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +52,7 @@ class EvaluateSettings:
 
     num_speculative_tokens: int = 3
     max_new_tokens: int = 128
-    max_prompts: int | None = None
+    max_prompts: int | None = None  # per set
     seed: int = 0
     max_model_len: int = 2048  # tokenize.max_seq_len: prompt + answer must fit
     dtype: str = "auto"
@@ -65,18 +72,18 @@ class Prompt:
 # ---------------------------------------------------------------- inputs
 
 
-def read_prompts(path: str | Path, max_prompts: int | None = None) -> list[Prompt]:
-    """Held-out rows as first-turn chat prompts (system + first user turn, as regeneration's turn 1)."""
-    from draftline.regenerate import read_conversations
+HEADLINE_SET = "test"
 
-    conversations = read_conversations(path)
+
+def read_prompts(path: str | Path, max_prompts: int | None = None) -> list[Prompt]:
+    """A prompt set's rows as first-turn chat prompts (system + first user turn, as
+    regeneration's turn 1); any format the prompts stage reads."""
+    from draftline.prompts import read_first_turns
+
+    rows = read_first_turns(str(path))
     if max_prompts is not None:
-        conversations = conversations[:max_prompts]
-    if not conversations:
-        raise ValueError(
-            f"{path}: no held-out prompts to evaluate on; set prompts.heldout > 0 in the config"
-        )
-    return [Prompt(c.id, c.context(0)) for c in conversations]
+        rows = rows[:max_prompts]
+    return [Prompt(row_id, messages) for row_id, messages in rows]
 
 
 def make_untrained_draft(
@@ -199,6 +206,8 @@ def create_llm(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
             "model": str(draft),
             "num_speculative_tokens": settings.num_speculative_tokens,
         }
+        # per-prompt acceptance, for the spread of each set's figure
+        extra["per_request_spec_decode_metrics"] = "summary"
     return target_llm(
         target_dir,
         dtype=settings.dtype,
@@ -222,11 +231,11 @@ def shutdown_llm(llm) -> None:
 
 
 def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
-    """One warm-up request, then every prompt in one batched greedy call, timed and counted."""
+    """Every prompt in one batched greedy call, timed and counted (the engine is warm: see
+    `warm_up`). Per-request spec-decode metrics are kept when the engine records them."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
-    llm.chat([prompts[0].messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False, chat_template=chat_template)
     before = read_counters(llm.get_metrics())
     started = time.perf_counter()
     outputs = llm.chat([p.messages for p in prompts], params, use_tqdm=False, chat_template=chat_template)
@@ -239,6 +248,7 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
             f"vLLM counted {delta[GENERATION_TOKENS]} generated tokens but returned {output_tokens}: "
             "its counters do not describe this run"
         )
+    per_request = [getattr(o.outputs[0], "spec_decode_metrics", None) for o in outputs]
     return {
         "token_ids": token_ids,
         "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outputs),
@@ -246,6 +256,39 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
         "seconds": round(seconds, 3),
         "output_tokens_per_s": round(output_tokens / seconds, 2) if seconds else None,
         "counters": delta,
+        "per_request": [m.to_dict() if m is not None else None for m in per_request],
+    }
+
+
+def warm_up(llm, prompt: Prompt, chat_template: str | None) -> None:
+    from vllm import SamplingParams
+
+    llm.chat([prompt.messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False, chat_template=chat_template)
+
+
+def spread(per_request: list[dict | None], seed: int = 0, resamples: int = 2000) -> dict | None:
+    """Per-prompt mean acceptance lengths (min/median/max) and a bootstrap 95% interval of the
+    set's mean acceptance length (accepted / steps summed over prompts resampled with
+    replacement), from vLLM's per-request metrics; None when the engine kept none."""
+    rows = [(m["num_accepted_draft_tokens"], m["num_spec_steps"]) for m in per_request if m and m["num_spec_steps"]]
+    if len(rows) < 2:
+        return None
+    per_prompt = sorted(1 + a / n for a, n in rows)
+    rng = random.Random(seed)
+    estimates = []
+    for _ in range(resamples):
+        sample = [rows[rng.randrange(len(rows))] for _ in rows]
+        estimates.append(1 + sum(a for a, _ in sample) / sum(n for _, n in sample))
+    estimates.sort()
+    return {
+        "prompts": len(rows),
+        "per_prompt_mean_acceptance_length": {
+            "min": round(per_prompt[0], 4),
+            "median": round(per_prompt[len(per_prompt) // 2], 4),
+            "max": round(per_prompt[-1], 4),
+        },
+        "bootstrap_95": [round(estimates[int(0.025 * resamples)], 4), round(estimates[int(0.975 * resamples) - 1], 4)],
+        "bootstrap": f"{resamples} resamples of the set's prompts, seed {seed}",
     }
 
 
@@ -264,82 +307,113 @@ def fitting_prompts(tokenizer, prompts: list[Prompt], settings: EvaluateSettings
 
 def evaluate(
     target_dir: str | Path,
-    heldout: str | Path,
+    prompt_sets: dict[str, str | Path],
     drafts: dict[str, str | Path],
     out_json: str | Path,
     settings: EvaluateSettings,
 ) -> dict:
-    """Measure each draft (name -> checkpoint folder) against the target alone; write out_json.
+    """Measure each draft (name -> checkpoint folder) against the target alone on every prompt
+    set (name -> file); write out_json.
 
     `drafts` is typically {"trained": final/, "untrained": baseline/}: all in this one call, on
-    the same prompts, with the same settings.
+    the same prompts, with the same settings. Empty sets are skipped (named in the result).
     """
     from draftline.atomic import atomic_file
+    from draftline.content_hash import sha256_file
 
     chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
-    prompts = read_prompts(heldout, settings.max_prompts)
+    sets = {name: read_prompts(path, settings.max_prompts) for name, path in prompt_sets.items()}
+    empty = sorted(name for name, prompts in sets.items() if not prompts)
+    sets = {name: prompts for name, prompts in sets.items() if prompts}
+    if not sets:
+        raise ValueError(
+            f"no prompts to evaluate on in {dict(prompt_sets)}: set prompts.validation or prompts.test "
+            "above 0, or name a non-empty file in evaluate.prompt_sets"
+        )
     k = settings.num_speculative_tokens
-    log.info("%d held-out prompts from %s; target %s; drafts %s; %s", len(prompts), heldout, target_dir, drafts, settings)
+    log.info("prompt sets %s; target %s; drafts %s; %s", {n: len(p) for n, p in sets.items()}, target_dir, drafts, settings)
 
     started = time.monotonic()
     llm = create_llm(target_dir, settings)
     log.info("target alone: loaded in %.1f s", time.monotonic() - started)
-    prompts, skipped = fitting_prompts(llm.get_tokenizer(), prompts, settings, chat_template)
-    if skipped:
-        log.warning("%d prompts left out: prompt + max_new_tokens exceeds max_model_len=%d: %s", len(skipped), settings.max_model_len, skipped)
-    if not prompts:
-        raise ValueError(f"no held-out prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
     tokenizer = llm.get_tokenizer()
-    reference = timed_generate(llm, prompts, settings, chat_template)
+    skipped = {}
+    for name in list(sets):
+        sets[name], skipped[name] = fitting_prompts(tokenizer, sets[name], settings, chat_template)
+        if skipped[name]:
+            log.warning("%s: %d prompts left out: prompt + max_new_tokens exceeds max_model_len=%d: %s",
+                        name, len(skipped[name]), settings.max_model_len, skipped[name])  # fmt: skip
+        if not sets[name]:
+            raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
+    warm_up(llm, next(iter(sets.values()))[0], chat_template)
+    reference = {name: timed_generate(llm, prompts, settings, chat_template) for name, prompts in sets.items()}
     shutdown_llm(llm)
     del llm
-    log.info(
-        "target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
-        len(prompts), reference["prompt_tokens"], reference["output_tokens"], reference["seconds"], reference["output_tokens_per_s"],
-    )  # fmt: skip
+    for name, ref in reference.items():
+        log.info("%s, target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
+                 name, len(sets[name]), ref["prompt_tokens"], ref["output_tokens"], ref["seconds"], ref["output_tokens_per_s"])  # fmt: skip
 
-    results = {}
-    for name, checkpoint in drafts.items():
+    results: dict[str, dict] = {name: {} for name in sets}
+    checkpoints = {}
+    for draft, checkpoint in drafts.items():
+        weights = Path(checkpoint) / "model.safetensors"
+        checkpoints[draft] = {"path": str(checkpoint), "model_sha256": sha256_file(weights) if weights.is_file() else None}
         load_started = time.monotonic()
         llm = create_llm(target_dir, settings, draft=checkpoint)
-        log.info("%s draft %s: loaded in %.1f s", name, checkpoint, time.monotonic() - load_started)
-        run = timed_generate(llm, prompts, settings, chat_template)
+        log.info("%s draft %s: loaded in %.1f s", draft, checkpoint, time.monotonic() - load_started)
+        warm_up(llm, next(iter(sets.values()))[0], chat_template)
+        for name, prompts in sets.items():
+            run = timed_generate(llm, prompts, settings, chat_template)
+            check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, tokenizer)
+            numbers = acceptance(run["counters"], k)
+            results[name][draft] = {
+                **numbers,
+                "spread": spread(run["per_request"], seed=settings.seed),
+                "output_tokens_per_s": run["output_tokens_per_s"],
+                "speedup": round(run["output_tokens_per_s"] / reference[name]["output_tokens_per_s"], 3),
+                "output_tokens": run["output_tokens"],
+                "seconds": run["seconds"],
+                "counters": run["counters"],
+            }
+            log.info(
+                "%s, %s draft: mean acceptance length %.3f (95%% bootstrap %s), acceptance rate %.3f, per position %s, "
+                "%.1f tok/s (target alone %.1f); outputs identical to the target's on all %d prompts",
+                name, draft, numbers["mean_acceptance_length"], (results[name][draft]["spread"] or {}).get("bootstrap_95"),
+                numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
+                run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
+            )  # fmt: skip
         shutdown_llm(llm)
         del llm
-        check_lossless(prompts, reference["token_ids"], run["token_ids"], name, tokenizer)
-        numbers = acceptance(run["counters"], k)
-        results[name] = {
-            "checkpoint": str(checkpoint),
-            **numbers,
-            "output_tokens_per_s": run["output_tokens_per_s"],
-            "speedup": round(run["output_tokens_per_s"] / reference["output_tokens_per_s"], 3),
-            "output_tokens": run["output_tokens"],
-            "seconds": run["seconds"],
-            "counters": run["counters"],
-        }
-        log.info(
-            "%s draft: mean acceptance length %.3f, acceptance rate %.3f, per position %s, %.1f tok/s (target alone %.1f); "
-            "outputs identical to the target's on all %d prompts",
-            name, numbers["mean_acceptance_length"], numbers["acceptance_rate"],
-            [round(x, 3) for x in numbers["acceptance_per_position"]], run["output_tokens_per_s"],
-            reference["output_tokens_per_s"], len(prompts),
-        )  # fmt: skip
 
+    per_set = {
+        name: {
+            "source": str(prompt_sets[name]),
+            "prompts": len(sets[name]),
+            "prompts_left_out": skipped[name],
+            "prompt_ids": [p.id for p in sets[name]],
+            "prompt_tokens": reference[name]["prompt_tokens"],
+            "output_tokens": reference[name]["output_tokens"],
+            "target_alone": {
+                "output_tokens_per_s": reference[name]["output_tokens_per_s"],
+                "seconds": reference[name]["seconds"],
+                "counters": reference[name]["counters"],
+            },
+            "drafts": results[name],
+        }
+        for name in sets
+    }
+    headline = HEADLINE_SET if HEADLINE_SET in per_set else next(iter(per_set))
     summary = {
         "num_speculative_tokens": k,
-        "prompts": len(prompts),
-        "prompts_left_out": skipped,
-        "prompt_ids": [p.id for p in prompts],
-        "prompt_tokens": reference["prompt_tokens"],
-        "output_tokens": reference["output_tokens"],
+        "headline_set": headline,
+        # the headline set's numbers, as before sets existed (the report and summaries read them)
+        "prompts": per_set[headline]["prompts"],
+        "drafts": per_set[headline]["drafts"],
+        "sets": per_set,
+        "empty_sets": empty,
+        "checkpoints": checkpoints,
         "lossless": True,  # check_lossless raised otherwise
-        "target_alone": {
-            "output_tokens_per_s": reference["output_tokens_per_s"],
-            "seconds": reference["seconds"],
-            "counters": reference["counters"],
-        },
-        "drafts": results,
-        "timing": "all prompts in one batched greedy generate call per engine, after a warm-up request",
+        "timing": "each set's prompts in one batched greedy generate call per engine, after a warm-up request",
         "settings": {key: value for key, value in asdict(settings).items() if key != "threads"},
         "seconds": round(time.monotonic() - started, 1),
     }

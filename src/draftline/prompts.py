@@ -65,7 +65,8 @@ class SourceStats:
     rejected: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
     train: int = 0
-    heldout: int = 0
+    validation: int = 0
+    test: int = 0
 
     def as_dict(self) -> dict:
         return {
@@ -77,7 +78,8 @@ class SourceStats:
             "rejected": self.rejected,
             "rejected_reasons": dict(sorted(self.rejected_reasons.items())),
             "train": self.train,
-            "heldout": self.heldout,
+            "validation": self.validation,
+            "test": self.test,
         }
 
 
@@ -424,7 +426,8 @@ def _row_error(source: str, line: int, indexed: bool, bad: BadRow) -> PromptErro
 @dataclass
 class Collected:
     train: list[dict]
-    heldout: list[dict]
+    validation: list[dict]
+    test: list[dict]
     rejects: list[dict]
     summary: dict
 
@@ -433,7 +436,8 @@ def collect_prompts(
     sources: Sequence[str],
     *,
     on_bad_row: str = "stop",
-    heldout: int = 0,
+    validation: int = 0,
+    test: int = 0,
     max_samples: int | None = None,
     seed: int = 0,
     regenerate_enabled: bool = True,
@@ -482,33 +486,37 @@ def collect_prompts(
             f"no usable conversations in {', '.join(sources)} (rejected: {dict(reasons)}; see the "
             "log) (fix: repair the rows or add sources)"
         )
-    if heldout >= len(rows):
+    if validation + test >= len(rows):
         raise PromptError(
-            f"prompts.heldout is {heldout} but only {len(rows)} distinct conversations were kept, "
-            "leaving none for training (fix: lower prompts.heldout or add sources)"
+            f"prompts.validation + prompts.test is {validation} + {test} but only {len(rows)} distinct "
+            "conversations were kept, leaving none for training (fix: lower them or add sources)"
         )
 
-    # Held-out rows come off the shuffled order first, so max_samples never changes them.
+    # Held-out rows come off the shuffled order first (validation, then test), so max_samples
+    # never changes them, and a run with a larger test set keeps the same validation set.
     random.Random(seed).shuffle(rows)
-    held, train = rows[:heldout], rows[heldout:]
+    val_rows, test_rows = rows[:validation], rows[validation : validation + test]
+    train = rows[validation + test :]
     capped = train if max_samples is None else train[:max_samples]
-    for split, chosen in (("heldout", held), ("train", capped)):
+    for split, chosen in (("validation", val_rows), ("test", test_rows), ("train", capped)):
         for row in chosen:
             setattr(stats[row["source"]], split, getattr(stats[row["source"]], split) + 1)
 
     per_source = [st.as_dict() for st in stats.values()]
     totals = {
         key: sum(s[key] for s in per_source)
-        for key in ("rows_read", "kept", "duplicates", "rejected", "train", "heldout")
+        for key in ("rows_read", "kept", "duplicates", "rejected", "train", "validation", "test")
     }
     summary = {
         "sources": per_source,
         "totals": totals,
         "train": len(capped),
-        "heldout": len(held),
+        "validation": len(val_rows),
+        "test": len(test_rows),
         "over_max_samples": len(train) - len(capped),
         "settings": {
-            "heldout": heldout,
+            "validation": validation,
+            "test": test,
             "max_samples": max_samples,
             "on_bad_row": on_bad_row,
             "regenerate_enabled": regenerate_enabled,
@@ -516,12 +524,12 @@ def collect_prompts(
         },
     }
     log.info(
-        "total: %d rows read, %d kept, %d duplicates, %d rejected -> %d training, %d held out "
-        "(%d over max_samples=%s left out)",
+        "total: %d rows read, %d kept, %d duplicates, %d rejected -> %d training, %d validation, "
+        "%d test (%d over max_samples=%s left out)",
         totals["rows_read"], totals["kept"], totals["duplicates"], totals["rejected"],
-        len(capped), len(held), summary["over_max_samples"], max_samples,
+        len(capped), len(val_rows), len(test_rows), summary["over_max_samples"], max_samples,
     )
-    return Collected(capped, held, rejects, summary)
+    return Collected(capped, val_rows, test_rows, rejects, summary)
 
 
 def _log_source(st: SourceStats) -> None:
@@ -547,24 +555,52 @@ def build_prompts(
     sources: Sequence[str],
     *,
     prompts_path: str | Path,
-    heldout_path: str | Path,
+    validation_path: str | Path,
+    test_path: str | Path,
     rejects_path: str | Path,
     summary_path: str | Path,
     on_bad_row: str = "stop",
-    heldout: int = 0,
+    validation: int = 0,
+    test: int = 0,
     max_samples: int | None = None,
     seed: int = 0,
     regenerate_enabled: bool = True,
 ) -> dict:
-    """The prompts stage: collect, then publish the four outputs (summary last). Returns the summary."""
+    """The prompts stage: collect, then publish the five outputs (summary last). Returns the summary."""
     result = collect_prompts(
-        sources, on_bad_row=on_bad_row, heldout=heldout, max_samples=max_samples, seed=seed,
-        regenerate_enabled=regenerate_enabled,
+        sources, on_bad_row=on_bad_row, validation=validation, test=test, max_samples=max_samples,
+        seed=seed, regenerate_enabled=regenerate_enabled,
     )
     write_jsonl(prompts_path, result.train)
-    write_jsonl(heldout_path, result.heldout)
+    write_jsonl(validation_path, result.validation)
+    write_jsonl(test_path, result.test)
     write_jsonl(rejects_path, result.rejects)
     with atomic_file(summary_path, encoding="utf-8") as out:
         json.dump(result.summary, out, indent=1, ensure_ascii=False)
         out.write("\n")
     return result.summary
+
+
+def read_first_turns(raw: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """(id, first-turn messages) of every row of a prompt file in any format a source may have:
+    the leading system turns and the first user turn, as regeneration asks its turn 1.
+
+    A bad row stops with file, line and reason (as prompts.on_bad_row: stop does); duplicate
+    conversations are kept once.
+    """
+    _, indexed, raw_rows = read_source(raw)
+    out, seen = [], set()
+    for row in raw_rows:
+        try:
+            if row.error:
+                raise row.error
+            messages = normalize_row(row.value, regenerate_enabled=True)
+        except BadRow as bad:
+            raise _row_error(raw, row.line, indexed, bad) from None
+        row_id = conversation_id(messages)
+        if row_id in seen:
+            continue
+        seen.add(row_id)
+        first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+        out.append((row_id, messages[: first_user + 1]))
+    return out

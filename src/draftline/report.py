@@ -98,23 +98,34 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
 
 
 def plot_acceptance(acceptance_json: str | Path, out: str | Path) -> dict:
+    """Acceptance per position for each draft, one panel per prompt set (the headline set first)."""
     result = _read_json(acceptance_json)
-    drafts = result["drafts"]
     k = int(result["num_speculative_tokens"])
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    width = 0.8 / max(len(drafts), 1)
-    for i, (name, numbers) in enumerate(drafts.items()):
-        xs = [p + 1 + (i - (len(drafts) - 1) / 2) * width for p in range(k)]
-        bars = ax.bar(xs, numbers["acceptance_per_position"], width, label=f"{name}: mean acceptance length {numbers['mean_acceptance_length']:.2f}")
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.set_xticks(range(1, k + 1))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("accepted / drafts")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(f"Acceptance per position, k = {k}, {result['prompts']} held-out prompts")
-    ax.legend(fontsize=8)
+    sets = result.get("sets") or {"held-out": {"prompts": result["prompts"], "drafts": result["drafts"]}}
+    headline = result.get("headline_set")
+    names = sorted(sets, key=lambda name: (name != headline, name != "validation", name))
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], names, strict=True):
+        drafts = sets[name]["drafts"]
+        width = 0.8 / max(len(drafts), 1)
+        for i, (draft, numbers) in enumerate(drafts.items()):
+            xs = [p + 1 + (i - (len(drafts) - 1) / 2) * width for p in range(k)]
+            interval = (numbers.get("spread") or {}).get("bootstrap_95")
+            label = f"{draft}: {numbers['mean_acceptance_length']:.2f}"
+            if interval:
+                label += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+            bars = ax.bar(xs, numbers["acceptance_per_position"], width, label=label)
+            ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.set_xticks(range(1, k + 1))
+        ax.set_xlabel("draft position")
+        ax.set_ylim(0, 1.05)
+        role = " (report)" if name == headline else " (choose settings)" if name == "validation" else ""
+        ax.set_title(f"{name}{role}: {sets[name]['prompts']} prompts", fontsize=10)
+        ax.legend(fontsize=8, title="mean acceptance length [95% bootstrap]", title_fontsize=7)
+    axes[0][0].set_ylabel("accepted / drafts")
+    fig.suptitle(f"Acceptance per position, k = {k}")
     _save(fig, out)
-    return drafts
+    return {name: sets[name]["drafts"] for name in names}
 
 
 # ---------------------------------------------------------------- data
