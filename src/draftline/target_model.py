@@ -102,20 +102,15 @@ def resolve_target(
             f"{(root / chat_template).resolve()}); give a path to a Jinja chat template"
         )
 
-    is_hub = not setting.startswith(("/", "./", "../", "~")) and _HUB_ID.match(setting)
-    if revision is not None and (not is_hub or (root / setting).exists()):
-        raise TargetError(
-            f"target.revision {revision!r} is set, but target.model {setting!r} is not a hub id; "
-            "a revision picks a commit of a hub model: remove target.revision"
-        )
-
     if setting == EMBEDDED:
+        _refuse_revision(revision, setting)
         name = name or EMBEDDED_NAME
         return TargetSpec("embedded", name, TARGET_ROOT / name, EMBEDDED, True, chat_template)
 
     local = Path(setting).expanduser()
     local_abs = local if local.is_absolute() else root / local
     if local_abs.is_dir():
+        _refuse_revision(revision, setting)
         check_target_folder(local_abs, has_template_override=chat_template is not None)
         if chat_template is None:
             return TargetSpec("local", name or local_abs.resolve().name, local, setting, False)
@@ -129,13 +124,21 @@ def resolve_target(
         return TargetSpec("local", name, view, str(local_abs), True, chat_template)
 
     explicit_path = setting.startswith(("/", "./", "../", "~")) or local_abs.exists()
-    if not explicit_path and is_hub:
+    if not explicit_path and _HUB_ID.match(setting):
         return _resolve_hub(setting, revision, name or setting.split("/")[1], chat_template, root)
     raise TargetError(
         f"target.model {setting!r}: not 'embedded', not a folder (looked at {local_abs.resolve()}) "
         "and not a hub id like 'org/name'; set it to 'embedded', to a local Hugging Face model "
         "folder, or to a hub id"
     )
+
+
+def _refuse_revision(revision: str | None, setting: str) -> None:
+    if revision is not None:
+        raise TargetError(
+            f"target.revision {revision!r} is set, but target.model {setting!r} is not a hub id; "
+            "a revision picks a commit of a hub model: remove target.revision"
+        )
 
 
 # --- hub ids: the local Hugging Face cache first, the Hub only when needed ---------------------
