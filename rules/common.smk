@@ -19,7 +19,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from snakemake.exceptions import WorkflowError  # noqa: E402
 
 from draftline.prompts import PromptError, check_sources, source_files  # noqa: E402
-from draftline.target_model import resolve_target  # noqa: E402
+from draftline.content_hash import HashCache  # noqa: E402
+from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 # Cheap checks at parse time, so a typo stops the run before any job starts.
 try:
@@ -36,7 +37,11 @@ TARGET = resolve_target(
     name=config["target"]["name"],
     chat_template=config["target"]["chat_template"],
     repo_root=REPO,
+    revision=config["target"]["revision"],
 )
+_hash_cache = HashCache(".snakemake/draftline/hash_cache.json")
+TARGET_IDENTITY = target_identity(TARGET, REPO, _hash_cache)
+_hash_cache.save()
 TARGET_DIR = str(TARGET.dir)
 SHARDS = list(range(config["hidden_states"]["shards"]))
 

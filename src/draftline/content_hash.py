@@ -5,8 +5,10 @@ exactly when the content changes: not when a folder moves, is restored from a ba
 cloned afresh (new paths, new mtimes), and always when a file is rewritten in place.
 
 `digest_files` hashes files by their relative names and bytes. Big files (model weights) are
-hashed once and then looked up in a small cache keyed by (absolute path, size, mtime_ns), so a
-dry run over a 140 GB target costs a few stat calls; a moved copy is hashed once more.
+hashed once and then looked up in a small cache keyed by (absolute path, size, mtime_ns,
+ctime_ns), so a dry run over a 140 GB target costs a few stat calls; a moved copy is hashed once
+more. ctime is in the key because a file rewritten in place with its size and mtime restored
+(os.utime, `cp -p`, `touch -r`) looks unchanged by the other three, and ctime cannot be set back.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 class HashCache:
-    """sha256 of big files by (absolute path, size, mtime_ns), kept in one JSON file.
+    """sha256 of big files by (absolute path, size, mtime_ns, ctime_ns), kept in one JSON file.
 
     A missing or unreadable cache file is an empty cache; it is rewritten atomically.
     """
@@ -49,7 +51,7 @@ class HashCache:
         st = path.stat()
         if st.st_size <= _ALWAYS_READ:
             return sha256_file(path)
-        key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
         if key not in self._entries:
             self._entries[key] = sha256_file(path)
             self._dirty = True

