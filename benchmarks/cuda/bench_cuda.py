@@ -342,19 +342,12 @@ def _summ(vals: list[float]) -> dict:
             "max": v[-1], "all": vals}
 
 
-def _timeline_rates(writes: list[tuple[float, int]], forwards: list[tuple[float, int]], t_start: float) -> dict:
-    """From the time each row was written and each batch's forward began: when the first
-    row was on disk, how long the first batch took (to the second batch's forward), and the
-    rate from the second batch's forward to the last write (the first batch left out)."""
-    if not writes or not forwards:
+def _meminfo(*keys: str) -> dict:
+    try:
+        rows = dict(x.split(":", 1) for x in Path("/proc/meminfo").read_text().splitlines())
+        return {k: rows[k].strip() for k in keys if k in rows}
+    except OSError:
         return {}
-    writes, forwards = sorted(writes), sorted(forwards)
-    total, t_end = sum(n for _, n in writes), writes[-1][0]
-    out = {"batches": len(forwards), "first_row_written_s": round(writes[0][0] - t_start, 2)}
-    if len(forwards) > 1:
-        out["first_batch_s"] = round(forwards[1][0] - t_start, 2)
-        out["tokens_per_s_after_first_batch"] = round((total - forwards[0][1]) / (t_end - forwards[1][0]), 1)
-    return out
 
 
 def extract_calls_main() -> None:
@@ -379,13 +372,13 @@ def extract_calls_main() -> None:
     got = claim_gpus(1)
     t_claim = time.time()
     marks: list[tuple[float, int]] = []
-    fwd_marks: list[tuple[float, int]] = []
+    load_start: list[float] = []
     run_start: list[float] = []
-    write_row, run_batches, forward = hf._write_row, hf.run_batches, hf.HFExtractor.forward
+    write_row, run_batches, load_decoder = hf._write_row, hf.run_batches, hf.load_decoder
 
-    def timed_forward(self, token_ids):
-        fwd_marks.append((time.perf_counter(), sum(map(len, token_ids))))
-        return forward(self, token_ids)
+    def timed_load_decoder(*args, **kw):
+        load_start.append(time.perf_counter())
+        return load_decoder(*args, **kw)
 
     def timed_write_row(*args, **kw):
         n = write_row(*args, **kw)
@@ -396,7 +389,7 @@ def extract_calls_main() -> None:
         run_start.append(time.perf_counter())
         return run_batches(*args, **kw)
 
-    hf._write_row, hf.run_batches, hf.HFExtractor.forward = timed_write_row, timed_run_batches, timed_forward
+    hf._write_row, hf.run_batches, hf.load_decoder = timed_write_row, timed_run_batches, timed_load_decoder
     layer_ids = json.loads((a.work / "layer_ids.json").read_text())
     out = {"process_start_to_main_s": None, "imports_s": round(t_imp - t_main, 2), "claim_gpus_s": round(t_claim - t_imp, 2),
            "claimed": got, "t_main_epoch": t_main, "batch_tokens": hf.DEFAULT_BATCH_TOKENS,
@@ -405,9 +398,10 @@ def extract_calls_main() -> None:
         import shutil
 
         marks.clear()
-        fwd_marks.clear()
+        load_start.clear()
         run_start.clear()
         dest = a.work / f"hs_call{call}" / "shard_0"
+        mem = _meminfo("Dirty", "Writeback", "Cached")
         t0 = time.perf_counter()
         m = extract_shard(a.work / "dataset", a.target, layer_ids, 0, 1, dest, backend="transformers",
                           chunk_rows=64, dtype="auto", threads=8)
@@ -416,8 +410,13 @@ def extract_calls_main() -> None:
                "load_seconds": m["load_seconds"], "extract_seconds": m["extract_seconds"],
                "tokens_per_s": m["tokens_per_s"], "tokens_per_wall_s": round(m["tokens"] / wall, 1),
                "bytes": m["bytes"], "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3),
-               "outside_extract_s": round(wall - m["extract_seconds"], 2),
-               **_timeline_rates(marks, fwd_marks, run_start[0])}
+               # before the decoder load: imports (transformers, datasets, speculators on a first call),
+               # opening the dataset, reading the target's config, checking staged files
+               "before_load_s": round(load_start[0] - t0, 2),
+               # after extraction: the shard's manifest, publishing (hard links), removing staging
+               "after_extract_s": round(wall - (run_start[0] - t0) - m["extract_seconds"], 2),
+               "first_row_written_s": round(min(t for t, _ in marks) - run_start[0], 2),
+               "meminfo_at_start": mem}
         out["calls"].append(rec)
         log.info("call %d: %s", call, rec)
         shutil.rmtree(dest.parent)
@@ -425,11 +424,16 @@ def extract_calls_main() -> None:
     a.result.write_text(json.dumps(out, indent=1) + "\n")
 
 
-def headline(work: Path, target: Path, calls: int = 2, drop_caches: bool = False) -> dict:
-    """The pipeline's stage in a fresh process: first call (cold, start-up included), then a
-    second call in the same process (warm). With `drop_caches`, the page cache is dropped first
-    (the target is read from disk)."""
-    out: dict = {}
+def headline(work: Path, target: Path, calls: int = 2, drop_caches: bool = False, sync_first: bool = False) -> dict:
+    """The pipeline's stage in a fresh process: first call (cold, start-up included), then
+    further calls in the same process (warm). With `sync_first`, dirty pages (the target just
+    saved) are written out first; with `drop_caches`, the page cache is also dropped (the target
+    is read from disk)."""
+    out: dict = {"meminfo_before": _meminfo("Dirty", "Writeback", "Cached")}
+    if sync_first and not drop_caches:
+        t0 = time.perf_counter()
+        subprocess.run(["sync"], check=False)
+        out["sync_s"] = round(time.perf_counter() - t0, 2)
     if drop_caches:
         if not torch.cuda.is_available():  # only on the lent GPU machine, never on a shared one
             return {"page_cache_dropped": "no: not on a CUDA machine"}
@@ -440,7 +444,7 @@ def headline(work: Path, target: Path, calls: int = 2, drop_caches: bool = False
         except OSError as e:
             out["page_cache_dropped"] = f"no: {e}"
             return out
-    res = work / f"calls_{calls}_{int(drop_caches)}.json"
+    res = work / f"calls_{calls}_{int(drop_caches)}_{int(sync_first)}.json"
     cmd = [sys.executable, __file__, "extract-calls", "--work", str(work), "--target", str(target),
            "--calls", str(calls), "--result", str(res)]
     t0 = time.time()
@@ -484,8 +488,7 @@ class _HostOnlyExtractor:
         return states, None
 
 
-def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int,
-                        flops_per_token: float | None, tflops: float | None) -> dict:
+def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int) -> dict:
     """Like-for-like variants, all warm, in one process, alternating, `rounds` times each:
     - stage_inflight4 / stage_inflight2: `extract_shard(backend="transformers")` with
       MAX_BATCHES_IN_FLIGHT 4 (the default) / 2;
@@ -593,18 +596,14 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     del plain_decoder, cap_decoder, ex, fake
     if device == "cuda":
         torch.cuda.empty_cache()
-    limit = tflops * 1e12 / flops_per_token if tflops and flops_per_token else None
     summary = {}
     for k, rs in runs.items():
         sm = _summ([x["tokens_per_s"] for x in rs])
-        if limit:
-            sm["median_fraction_of_limit"] = round(sm["median"] / limit, 3)
         if "gb_per_s_written" in rs[0]:
             sm["gb_per_s_written"] = _summ([x["gb_per_s_written"] for x in rs])
         summary[k] = sm
     return {"rounds": rounds, "order": order, "batches": len(plan), "tokens": tokens, "padded_tokens": padded,
-            "batch_tokens": batch_tokens, "compute_limit_tokens_per_s": round(limit, 1) if limit else None,
-            "warmup_call": warmup, "runs": runs, "summary": summary}
+            "batch_tokens": batch_tokens, "warmup_call": warmup, "runs": runs, "summary": summary}
 
 
 def train_inputs(work: Path, target: Path):
@@ -866,38 +865,47 @@ def markdown_extraction(s: dict) -> list[str]:
                   f"**{w['flops_per_token'] / 1e9:.3f} GFLOP/token**", ""]
     if "compute_limit" in s:
         c = s["compute_limit"]
-        lines += [f"bf16 matmul 8192^3 (start, between, end of the call): {c['matmul_tflops_measured']} TFLOP/s; "
-                  f"limit = {c['matmul_tflops_median']} TFLOP/s / F = **{c['tokens_per_s']:,.0f} tokens/s**", ""]
+        lines += [f"bf16 matmul 8192^3, highest of each reading (start, between, end of the call): "
+                  f"{c['matmul_tflops_measured']} TFLOP/s; limit = {c['matmul_tflops_used']} TFLOP/s / F = "
+                  f"**{c['tokens_per_s']:,.0f} tokens/s**", ""]
+    for k in ("matmul", "matmul_mid", "matmul_end"):
+        if "tflops_by_warmup_and_timed_products" in s.get(k, {}):
+            lines.append(f"- {k}: TFLOP/s by (warm-up + timed products): {s[k]['tflops_by_warmup_and_timed_products']}")
+    lines.append("")
 
     def frac(x):
         return f" ({x / lim:.2f} of the limit)" if lim and x else ""
 
-    if "headline" in s:
-        h = s["headline"]
-        lines += ["## The pipeline's stage, fresh process (`extract_shard(backend=\"transformers\")`)", "",
-                  f"- process start to main {h['process_start_to_main_s']} s, imports {h['imports_s']} s, "
-                  f"claim_gpus {h['claim_gpus_s']} s, process wall {h['process_wall_s']} s",
-                  "", "| call | tokens | wall s | load s | extract s | tokens/s (manifest: tokens / extract s) "
-                  "| tokens / wall s | first batch s | tokens/s after the first batch | GB/s written |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+    titles = {"headline": "right after the target was saved",
+              "headline_synced": "after `sync` (the target's pages written out)",
+              "headline_disk_cold": "page cache dropped (the target read from disk)"}
+    for key, title in titles.items():
+        if key not in s:
+            continue
+        h = s[key]
+        if not h.get("calls"):
+            lines += [f"## The stage, fresh process, {title}: not run ({h.get('page_cache_dropped')})", ""]
+            continue
+        lines += [f"## The pipeline's stage in a fresh process, {title}", "",
+                  f"`extract_shard(backend=\"transformers\")` as scripts/hidden_states.py calls it; process start "
+                  f"to main {h['process_start_to_main_s']} s (python, torch), claim_gpus {h['claim_gpus_s']} s, "
+                  f"process wall {h['process_wall_s']} s" + (f", sync before it {h['sync_s']} s" if "sync_s" in h else ""),
+                  "", "| call | wall s | before load s | load s | extract s | after s | tokens/s (manifest) "
+                  "| tokens / wall s | first row written s | GB/s written | Dirty at start |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in h["calls"]:
-            lines.append(f"| {c['call']} | {c['tokens']:,} | {c['wall_s']} | {c['load_seconds']} | {c['extract_seconds']} | "
+            lines.append(f"| {c['call']} | {c['wall_s']} | {c.get('before_load_s')} | {c['load_seconds']} | "
+                         f"{c['extract_seconds']} | {c.get('after_extract_s')} | "
                          f"**{c['tokens_per_s']:,.0f}**{frac(c['tokens_per_s'])} | {c['tokens_per_wall_s']:,.0f} | "
-                         f"{c.get('first_batch_s')} | {c.get('tokens_per_s_after_first_batch')} | {c['gb_per_s_written']} |")
+                         f"{c.get('first_row_written_s')} | {c['gb_per_s_written']} | "
+                         f"{c.get('meminfo_at_start', {}).get('Dirty')} |")
         if "first_call_extra_s" in h:
-            lines += ["", f"- first call's extra over the second: {h['first_call_extra_s']} s; its share of a first call "
-                          f"falls under 5% from **{h['tokens_for_extra_under_5pct']:,} tokens** per shard",
-                      f"- a fresh job's whole fixed cost (call 1 minus its tokens at the warm rate; load included): "
-                      f"{h['first_call_fixed_s']} s; under 5% from {h['tokens_for_fixed_under_5pct']:,} tokens"]
+            lines += ["", f"- {h['calls'][0]['tokens']:,} tokens per call; first call's extra over the second: "
+                          f"{h['first_call_extra_s']} s; its share of a first call falls under 5% from "
+                          f"**{h['tokens_for_extra_under_5pct']:,} tokens** per shard",
+                      f"- a fresh job's whole fixed cost (call 1 minus its tokens at the second call's rate; load "
+                      f"included): {h['first_call_fixed_s']} s; under 5% from {h['tokens_for_fixed_under_5pct']:,} tokens"]
         lines.append("")
-    if "headline_disk_cold" in s:
-        h = s["headline_disk_cold"]
-        if h.get("calls"):
-            c = h["calls"][0]
-            lines += [f"Fresh process after dropping the page cache (target read from disk): wall {c['wall_s']} s, "
-                      f"load {c['load_seconds']} s, {c['tokens_per_s']:,.0f} tokens/s{frac(c['tokens_per_s'])}", ""]
-        else:
-            lines += [f"Page-cache-cold call: {h.get('page_cache_dropped')}", ""]
     if "extraction_variants" in s:
         v = s["extraction_variants"]
         lines += ["## Like-for-like variants (one process, warm, alternating)", "",
@@ -932,7 +940,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of each extraction variant")
     a = ap.parse_args()
     if a.only == "extraction":
-        a.stages = "matmul,target,data,headline,matmul_mid,extraction_variants,matmul_end,headline_disk_cold"
+        a.stages = "matmul,target,data,headline,headline_synced,headline_disk_cold,matmul_mid,extraction_variants,matmul_end"
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
@@ -962,8 +970,15 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - record and go on with the next stage
             res.error(name, err)
 
-    long_mm = dict(warmup=20, iters=100) if a.only else {}
-    stage("matmul", lambda: matmul_rate(a.size, **long_mm))
+    if a.only:
+        def mm():  # short (the earlier runs' setting), longer, and about 1.5 s of products
+            runs = {f"{w}+{i}": matmul_rate(a.size, w, i)["tflops"] for w, i in ((3, 10), (20, 100), (20, 1000))}
+            got = [v for v in runs.values() if v]
+            return {"tflops_by_warmup_and_timed_products": runs, "tflops": max(got) if got else None}
+    else:
+        def mm():
+            return matmul_rate(a.size)
+    stage("matmul", mm)
     stage("target", lambda: build_target(target, a.size))
     stage("data", lambda: build_data(a.work, target, a.rows, a.seq_len, min(a.draft_vocab, SIZES[a.size]["vocab_size"] // 2),
                                      SIZES[a.size]["vocab_size"]))
@@ -975,20 +990,30 @@ def main() -> None:
     tflops = res.data["stages"].get("matmul", {}).get("tflops")
     stage("extraction", lambda: extraction(a.work, target, a.batch_tokens, flops, tflops))
     stage("plain_forward", lambda: plain_forward(a.work, target, a.batch_tokens, 8))
-    stage("headline", lambda: headline(a.work, target, 2))
-    stage("matmul_mid", lambda: matmul_rate(a.size, **long_mm))
-    rates = [res.data["stages"][k]["tflops"] for k in ("matmul", "matmul_mid") if res.data["stages"].get(k, {}).get("tflops")]
-    tflops = sorted(rates)[len(rates) // 2] if rates else tflops
-    stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds, flops, tflops))
-    stage("matmul_end", lambda: matmul_rate(a.size, **long_mm))
-    stage("headline_disk_cold", lambda: headline(a.work, target, 1, drop_caches=True))
+    # The stage in fresh processes: right after the target was saved (its pages still being
+    # written out), after `sync`, and with the page cache dropped (target read from disk).
+    stage("headline", lambda: headline(a.work, target, 3))
+    stage("headline_synced", lambda: headline(a.work, target, 3, sync_first=True))
+    stage("headline_disk_cold", lambda: headline(a.work, target, 2, drop_caches=True))
+    stage("matmul_mid", mm)
+    stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds))
+    stage("matmul_end", mm)
     rates = [res.data["stages"][k]["tflops"] for k in ("matmul", "matmul_mid", "matmul_end")
              if res.data["stages"].get(k, {}).get("tflops")]
     if rates and flops:
-        r = sorted(rates)[len(rates) // 2]
-        res.put("compute_limit", {"matmul_tflops_measured": rates, "matmul_tflops_median": r,
-                                  "flops_per_token": flops, "tokens_per_s": round(r * 1e12 / flops, 1),
-                                  "formula": "limit = median bf16 matmul rate / F"})
+        # The highest rate measured in this call: the GPU reached it, so the fraction is not flattered.
+        r = max(rates)
+        limit = r * 1e12 / flops
+        fr: dict = {}
+        for k in ("headline", "headline_synced", "headline_disk_cold"):
+            for c in res.data["stages"].get(k, {}).get("calls", []):
+                fr[f"{k}_call{c['call']}"] = round(c["tokens_per_s"] / limit, 3)
+        for k, m in res.data["stages"].get("extraction_variants", {}).get("summary", {}).items():
+            fr[f"variant_{k}_median"] = round(m["median"] / limit, 3)
+        res.put("compute_limit", {"matmul_tflops_measured": rates, "matmul_tflops_used": r,
+                                  "flops_per_token": flops, "tokens_per_s": round(limit, 1),
+                                  "formula": "limit = highest bf16 matmul rate measured in the call / F",
+                                  "fraction_of_limit": fr})
     stage("train_1gpu", lambda: training(a.work, target, "train_1gpu", 1, a.epochs, a.total_seq_len))
     if "train_1gpu" in ctx:
         stage("checkpoint", lambda: checkpoint_check(Path(ctx["train_1gpu"]["final"])))
