@@ -4,8 +4,15 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import RerunTrigger
 from snakemake.utils import validate
 
+if "heldout" in (config.get("prompts") or {}):
+    raise WorkflowError(
+        "prompts.heldout was split into prompts.validation (choose settings on it) and "
+        "prompts.test (report it, never tune on it); replace the key in your config"
+    )
 validate(config, schema="../config/schema/config.schema.yaml")
 
 REPO = Path(workflow.basedir)
@@ -16,10 +23,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
 
-from snakemake.exceptions import WorkflowError  # noqa: E402
-
 from draftline.prompts import PromptError, check_sources, source_files  # noqa: E402
 from draftline.content_hash import HashCache  # noqa: E402
+from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 # Cheap checks at parse time, so a typo stops the run before any job starts.
@@ -43,26 +49,69 @@ _hash_cache = HashCache(".snakemake/draftline/hash_cache.json")
 TARGET_IDENTITY = target_identity(TARGET, REPO, _hash_cache)
 _hash_cache.save()
 TARGET_DIR = str(TARGET.dir)
+# The folder jobs read, as a param that never decides staleness (a Path is not compared:
+# Snakemake skips params it cannot represent); the TARGET_IDENTITY param stands for its content.
+TARGET_PATH = Path(TARGET_DIR)
 SHARDS = list(range(config["hidden_states"]["shards"]))
+
+
+def _train_gpus():
+    """GPUs the train rule asks for (its `gpu` resource as a profile or --set-resources sets it)."""
+    train = (workflow.resource_settings.overwrite_resources or {}).get("train")
+    gpu = train.get("gpu") if train is not None else None
+    value = getattr(gpu, "value", gpu)  # a Resource (9.x) or a plain value
+    try:
+        return int(value) if value not in (None, "") else 1
+    except (TypeError, ValueError):
+        return 1  # an expression only the job knows (e.g. "2 * attempt"): checked in the job
+
+
+# Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
+DEVICE = planned_device(config["device"])
+RESOLVED = resolved_settings(config, DEVICE, _train_gpus())
+if not workflow.remote_exec:
+    print(
+        f"draftline: planned for {DEVICE} (device: {config['device']}): "
+        + ", ".join(f"{k} {v}" for k, v in sorted({**RESOLVED["engine"], **RESOLVED["train"]}.items()) if k != "device"),
+        file=sys.stderr,
+    )
+
+
+onstart:
+    # Code is tracked by content (the `code` param), not by the scripts' mtimes: Snakemake's
+    # `code` trigger would rerun everything after a fresh clone. The profiles switch it off.
+    if RerunTrigger.CODE in workflow.rerun_triggers:
+        print(
+            "draftline: warning: Snakemake's `code` rerun trigger is on (no draftline profile "
+            "loaded?): after a fresh clone every step reruns for its scripts' new mtimes. Add "
+            "`--rerun-triggers mtime params input software-env` (profiles/default sets it).",
+            file=sys.stderr,
+        )
 
 
 wildcard_constraints:
     shard=r"\d+",
 
 
-def code(*modules):
-    """The draftline modules a step runs and every draftline module they import (parsed with
-    ast, transitively), as inputs: a fix in one, or in a helper it uses, reruns the step.
-    Bookkeeping the scripts import (provenance, devices) is deliberately not listed: a fix
-    there changes no artifact and must not rerun hours of GPU work."""
-    from draftline.provenance import module_closure
+def code(*modules, script):
+    """A param: the content hash of scripts/<script>.py, of the draftline modules the step runs
+    and of every draftline module they import (parsed with ast, transitively), so a fix in
+    one reruns the step, and a move or a fresh clone (same content) reruns nothing.
+    Bookkeeping the scripts import (provenance, devices, logs) is deliberately not listed: a
+    fix there changes no artifact and must not rerun hours of GPU work."""
+    return code_hash(SRC, tuple(modules), REPO / "scripts" / f"{script}.py")
 
-    return list(module_closure(str(SRC), tuple(modules)))
+
+def versions(*packages):
+    """A param: the versions requirements/ pins for the planned device ("vllm" = its build)."""
+    return pinned_versions(REPO, DEVICE, packages)
 
 
 def target_input():
-    """The target folder, as an input (built by rule target_model unless used in place)."""
-    return TARGET_DIR
+    """The target folder as an input when rule target_model builds it (for the job order); a
+    folder used in place is no input, so moving it or touching it reruns nothing: its content
+    is in every rule's `target` param."""
+    return TARGET_DIR if TARGET.needs_rule else []
 
 
 def conversations_to_tokenize():
@@ -80,14 +129,20 @@ def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=SHARDS)
 
 
+PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+
+
+def report_plots():
+    return expand("results/report/{plot}.png", plot=PLOTS)
+
+
 def all_outputs():
-    """The final draft (the main target), its lineage, its evaluation, and the report's plots."""
-    plots = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+    """The final draft (the main target), its evaluation, the report's plots, and the lineage of all three."""
     return [
         "results/checkpoint/final",
-        "results/lineage.json",
         "results/eval/acceptance.json",
-        *expand("results/report/{plot}.png", plot=plots),
+        *report_plots(),
+        "results/lineage.json",
     ]
 
 
@@ -138,7 +193,7 @@ def _hidden_state_disk_use():
         else:  # "auto" is speculators' 3 aux layers; the last layer is always added
             n_layers = (3 if setting == "auto" else len(setting)) + 1
         est = parse_time_estimate("results/tokenized/summary.json", TARGET_SHAPE.hidden_size,
-                                  n_layers, config["target"]["dtype"])
+                                  n_layers, RESOLVED["engine"]["dtype"])
         if est is None:
             return
     else:

@@ -8,7 +8,6 @@ rule hidden_states_disk_estimate:
         summary="results/tokenized/summary.json",
         layer_ids="results/target/layer_ids.json",
         target=target_input(),
-        code=code("disk", "checks"),
     output:
         "results/hidden_states/disk_estimate.json",
     log:
@@ -17,7 +16,10 @@ rule hidden_states_disk_estimate:
         "results/benchmarks/hidden_states_disk_estimate.tsv"
     threads: 1
     params:
-        dtype=config["target"]["dtype"],
+        code=code("disk", "checks", script="disk_estimate"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        dtype=RESOLVED["engine"]["dtype"],
         shards=config["hidden_states"]["shards"],
     script:
         "../scripts/disk_estimate.py"

@@ -14,7 +14,6 @@ rule evaluate:
         config="results/config",
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
-        code=code("evaluate", "engine", "regenerate", "train"),
     output:
         acceptance=report(
             "results/eval/acceptance.json",
@@ -32,6 +31,7 @@ rule evaluate:
     resources:
         gpu=1,
     params:
+        code=code("evaluate", "engine", "train", script="evaluate"),
         num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         max_prompts=config["evaluate"]["max_prompts"],
@@ -39,7 +39,11 @@ rule evaluate:
         # as configured (name -> path relative to the working folder); the files are inputs
         prompt_sets=config["evaluate"]["prompt_sets"],
         max_model_len=config["tokenize"]["max_seq_len"],
-        dtype=config["target"]["dtype"],
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
+        planned=RESOLVED["engine"],
+        versions=versions("vllm", "speculators", "torch", "transformers"),
         chat_template=config["target"]["chat_template"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

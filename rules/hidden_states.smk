@@ -10,7 +10,6 @@ rule hidden_states_shard:
         target=target_input(),
         layer_ids="results/target/layer_ids.json",
         disk_estimate="results/hidden_states/disk_estimate.json",  # stops here when over max_disk_gb
-        code=code("hidden_states", "hidden_states_hf", "vllm_cpu_connector", "engine"),
     output:
         directory("results/hidden_states/shard_{shard}"),
     log:
@@ -22,12 +21,15 @@ rule hidden_states_shard:
     resources:
         gpu=1,
     params:
+        code=code("hidden_states", "hidden_states_hf", "vllm_cpu_connector", "engine", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
         num_shards=config["hidden_states"]["shards"],
-        dtype=config["target"]["dtype"],
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
+        planned=RESOLVED["engine"],
+        versions=versions("vllm", "torch", "transformers"),
         trust_remote_code=config["target"]["trust_remote_code"],
-        # "auto": eager on CPU (torch.compile costs ~60 s per engine there), compiled on CUDA
-        enforce_eager="auto",
         chunk_rows=64,
     script:
         "../scripts/hidden_states.py"
@@ -36,7 +38,6 @@ rule hidden_states_shard:
 rule hidden_states_view:
     input:
         shards=hidden_state_shards(),
-        code=code("hidden_states"),
     output:
         directory("results/hidden_states/all"),
     log:
@@ -44,5 +45,7 @@ rule hidden_states_view:
     benchmark:
         "results/benchmarks/hidden_states_view.tsv"
     threads: 1
+    params:
+        code=code("hidden_states", script="hidden_states_view"),
     script:
         "../scripts/hidden_states_view.py"

@@ -4,7 +4,6 @@
 rule layer_ids:
     input:
         target=target_input(),
-        code=code("layers"),
     output:
         "results/target/layer_ids.json",
     log:
@@ -12,6 +11,10 @@ rule layer_ids:
     benchmark:
         "results/benchmarks/layer_ids.tsv"
     params:
+        code=code("layers", script="layer_ids"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        versions=versions("transformers"),
         layer_ids=config["hidden_states"]["layer_ids"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

@@ -1,6 +1,7 @@
-# results/lineage.json: every job behind the final checkpoint, from the prompt sources and the
-# target to final/, read back from the provenance.json each job wrote (inputs with hashes,
-# params, versions, commit, wall time). Cheap: runs on the submitting machine.
+# results/lineage.json: every job behind the final checkpoint, its evaluation and the report's
+# plots, from the prompt sources and the target on, read back from the provenance each job
+# wrote (inputs with hashes, params, versions, commit, wall time). Cheap: runs on the
+# submitting machine.
 
 
 localrules:
@@ -10,10 +11,13 @@ localrules:
 rule lineage:
     input:
         checkpoint="results/checkpoint/final",
-        code=code("provenance"),
+        acceptance="results/eval/acceptance.json",
+        plots=report_plots(),
     output:
         "results/lineage.json",
     log:
         "logs/lineage.log",
+    params:
+        code=code("provenance", script="lineage"),
     script:
         "../scripts/lineage.py"

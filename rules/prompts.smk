@@ -6,7 +6,6 @@ rule prompts:
     input:
         # The files themselves (a dataset folder's files too), so an edited source reruns the job.
         sources=source_files(config["prompts"]["sources"]),
-        code=code("prompts"),
     output:
         prompts="results/prompts/prompts.jsonl",
         validation="results/prompts/validation.jsonl",
@@ -18,6 +17,7 @@ rule prompts:
     benchmark:
         "results/benchmarks/prompts.tsv"
     params:
+        code=code("prompts", script="prompts"),
         # As configured (paths relative to the workflow folder); each row's "source" is this string.
         sources=config["prompts"]["sources"],
         validation=config["prompts"]["validation"],

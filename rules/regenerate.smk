@@ -6,7 +6,6 @@ rule regenerate:
     input:
         target=target_input(),
         conversations="results/prompts/prompts.jsonl",
-        code=code("regenerate", "engine"),
     output:
         conversations="results/regenerated/conversations.jsonl",
         summary="results/regenerated/summary.json",
@@ -19,13 +18,18 @@ rule regenerate:
     resources:
         gpu=1,
     params:
+        code=code("regenerate", "engine", script="regenerate"),
         max_new_tokens=config["regenerate"]["max_new_tokens"],
         temperature=config["regenerate"]["temperature"],
         top_p=config["regenerate"]["top_p"],
         seed=config["regenerate"]["seed"],
         # prompt + answer must fit what tokenize keeps, so no generated token is cut later
         max_model_len=config["tokenize"]["max_seq_len"],
-        dtype=config["target"]["dtype"],
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
+        planned=RESOLVED["engine"],
+        versions=versions("vllm", "torch", "transformers"),
         chat_template=config["target"]["chat_template"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

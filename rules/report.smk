@@ -8,7 +8,6 @@ report: "../report/workflow.rst"
 rule report_loss:
     input:
         final="results/checkpoint/final",
-        code=code("report"),
     output:
         report("results/report/loss.png", caption="../report/loss.rst", category="Training"),
     log:
@@ -17,6 +16,7 @@ rule report_loss:
         "results/benchmarks/report/loss.tsv"
     threads: 1
     params:
+        code=code("report", script="report_plot"),
         plot="loss",
     script:
         "../scripts/report_plot.py"
@@ -25,7 +25,6 @@ rule report_loss:
 rule report_acceptance:
     input:
         acceptance="results/eval/acceptance.json",
-        code=code("report"),
     output:
         report("results/report/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"),
     log:
@@ -34,6 +33,7 @@ rule report_acceptance:
         "results/benchmarks/report/acceptance.tsv"
     threads: 1
     params:
+        code=code("report", script="report_plot"),
         plot="acceptance",
     script:
         "../scripts/report_plot.py"
@@ -43,7 +43,6 @@ rule report_vocab_coverage:
     input:
         token_freq="results/tokenized/token_freq.pt",
         summary="results/vocab/summary.json",
-        code=code("report", "vocab"),
     output:
         report("results/report/vocab_coverage.png", caption="../report/vocab_coverage.rst", category="Data"),
     log:
@@ -52,6 +51,7 @@ rule report_vocab_coverage:
         "results/benchmarks/report/vocab_coverage.tsv"
     threads: 1
     params:
+        code=code("report", "vocab", script="report_plot"),
         plot="vocab_coverage",
     script:
         "../scripts/report_plot.py"
@@ -60,7 +60,6 @@ rule report_vocab_coverage:
 rule report_hidden_states_disk:
     input:
         shards=hidden_state_shards(),
-        code=code("report"),
     output:
         report("results/report/hidden_states_disk.png", caption="../report/hidden_states_disk.rst", category="Data"),
     log:
@@ -69,6 +68,7 @@ rule report_hidden_states_disk:
         "results/benchmarks/report/hidden_states_disk.tsv"
     threads: 1
     params:
+        code=code("report", script="report_plot"),
         plot="hidden_states_disk",
     script:
         "../scripts/report_plot.py"
@@ -79,7 +79,6 @@ rule report_wall_times:
         # the last stages: every other stage's benchmark file exists once these do
         final="results/checkpoint/final",
         acceptance="results/eval/acceptance.json",
-        code=code("report"),
     output:
         report("results/report/wall_times.png", caption="../report/wall_times.rst", category="Run"),
     log:
@@ -88,6 +87,7 @@ rule report_wall_times:
         "results/benchmarks/report/wall_times.tsv"
     threads: 1
     params:
+        code=code("report", script="report_plot"),
         plot="wall_times",
         # read when the job runs (report plots' own benchmarks left out)
         benchmarks="results/benchmarks",

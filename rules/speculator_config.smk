@@ -6,7 +6,6 @@ rule speculator_config:
     input:
         target=target_input(),
         layer_ids="results/target/layer_ids.json",
-        code=code("speculator_config", "vocab"),
     output:
         directory("results/config"),
     log:
@@ -15,6 +14,10 @@ rule speculator_config:
         "results/benchmarks/speculator_config.tsv"
     threads: 1
     params:
+        code=code("speculator_config", "vocab", script="speculator_config"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        versions=versions("speculators", "transformers"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         num_layers=config["draft"]["num_layers"],
         ttt_steps=config["train"]["ttt_steps"],

@@ -6,7 +6,6 @@ if TARGET.needs_rule:
 
     rule target_model:
         input:
-            code=code("target_model"),
             chat_template=[str(TARGET.chat_template)] if TARGET.chat_template else [],
         output:
             directory(TARGET_DIR),
@@ -16,7 +15,11 @@ if TARGET.needs_rule:
             "results/benchmarks/target_model.tsv"
         threads: 1
         params:
+            code=code("target_model", script="target_model"),
             model=config["target"]["model"],
+            # the target's content (a local folder's files, a hub commit), decided at parse time
+            identity=TARGET_IDENTITY,
+            versions=versions("transformers", "torch"),
             name=TARGET.name,
             trust_remote_code=config["target"]["trust_remote_code"],
         script:

@@ -6,7 +6,6 @@ rule tokenize:
     input:
         target=target_input(),
         conversations=conversations_to_tokenize(),
-        code=code("tokenization"),
     output:
         dataset=directory("results/tokenized/dataset"),
         token_freq="results/tokenized/token_freq.pt",
@@ -17,6 +16,10 @@ rule tokenize:
         "results/benchmarks/tokenize.tsv"
     threads: 1
     params:
+        code=code("tokenization", script="tokenize"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        versions=versions("transformers", "speculators"),
         max_seq_len=config["tokenize"]["max_seq_len"],
         min_trainable_tokens=config["tokenize"]["min_trainable_tokens"],
         # already baked into the target folder by rule target_model; kept so a change reruns this

@@ -15,7 +15,6 @@ rule train:
         hidden_states="results/hidden_states/all",
         layer_ids="results/target/layer_ids.json",
         target=target_input(),
-        code=code("train", "train_entry"),
     output:
         directory("results/checkpoint/final"),
     log:
@@ -27,7 +26,14 @@ rule train:
     resources:
         gpu=1,
     params:
+        code=code("train", "train_entry", script="train"),
         train=config["train"],
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        trust_remote_code=config["target"]["trust_remote_code"],
+        # optimizer, loader workers and world size resolved for the planned device
+        planned=RESOLVED["train"],
+        versions=versions("speculators", "torch", "transformers"),
         runs_dir="results/checkpoint/runs",
     script:
         "../scripts/train.py"

@@ -5,7 +5,6 @@ rule vocab:
     input:
         token_freq="results/tokenized/token_freq.pt",
         target=target_input(),
-        code=code("vocab"),
     output:
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
@@ -16,6 +15,10 @@ rule vocab:
         "results/benchmarks/vocab.tsv"
     threads: 1
     params:
+        code=code("vocab", script="vocab"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        versions=versions("speculators", "torch"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

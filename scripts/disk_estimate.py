@@ -9,7 +9,7 @@ if __name__ == "__main__":
     write_estimate(
         snakemake.input.summary,
         snakemake.input.layer_ids,
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         snakemake.params.dtype,
         snakemake.params.shards,
         snakemake.output[0],

@@ -1,6 +1,7 @@
 """Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.evaluate)."""
 
 from draftline.devices import claim_gpus
+from draftline.plan import check_job_environment
 from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
@@ -8,16 +9,17 @@ from draftline.provenance import write_provenance
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
     make_untrained_draft(
         snakemake.input.config,
         snakemake.input.d2t,
         snakemake.input.t2d,
         snakemake.output.untrained,
-        target=snakemake.input.target,
+        target=str(snakemake.params.target_dir),
         seed=snakemake.params.seed,
     )
     evaluate(
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         {
             "validation": snakemake.input.validation,
             "test": snakemake.input.test,
@@ -31,7 +33,8 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             max_prompts=snakemake.params.max_prompts,
             seed=snakemake.params.seed,
             max_model_len=snakemake.params.max_model_len,
-            dtype=snakemake.params.dtype,
+            dtype=snakemake.params.planned["dtype"],
+            enforce_eager=snakemake.params.planned["enforce_eager"],
             chat_template=snakemake.params.chat_template,
             trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,

@@ -11,7 +11,7 @@ from draftline.logs import log_to
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     ids = resolve_layer_ids(
-        snakemake.params.layer_ids, snakemake.input.target, snakemake.params.trust_remote_code
+        snakemake.params.layer_ids, str(snakemake.params.target_dir), snakemake.params.trust_remote_code
     )
     record = {"aux": ids.aux, "extracted": ids.extracted, "num_hidden_layers": ids.num_hidden_layers}
     logging.info("layer ids: %s", record)

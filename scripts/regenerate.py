@@ -1,6 +1,7 @@
 """Replace the dataset's answers with the target's own, turn by turn (see draftline.regenerate)."""
 
 from draftline.devices import claim_gpus
+from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
 from draftline.regenerate import RegenerateSettings, regenerate
 from draftline.logs import log_to
@@ -8,8 +9,9 @@ from draftline.logs import log_to
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
     regenerate(
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         snakemake.input.conversations,
         snakemake.output.conversations,
         snakemake.output.summary,
@@ -19,10 +21,10 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             top_p=snakemake.params.top_p,
             seed=snakemake.params.seed,
             max_model_len=snakemake.params.max_model_len,
-            dtype=snakemake.params.dtype,
+            dtype=snakemake.params.planned["dtype"],
             chat_template=snakemake.params.chat_template,
             trust_remote_code=snakemake.params.trust_remote_code,
-            enforce_eager=getattr(snakemake.params, "enforce_eager", None),  # None: eager on CPU only
+            enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,
         ),
     )

@@ -2,6 +2,7 @@
 
 from draftline import report
 from draftline.logs import log_to
+from draftline.provenance import sidecar, write_provenance
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -19,3 +20,4 @@ if __name__ == "__main__":
         report.plot_wall_times(snakemake.params.benchmarks, out)
     else:
         raise ValueError(f"params.plot = {plot!r}: no such plot in draftline.report")
+    write_provenance(snakemake, sidecar(out))  # results/report/<plot>.provenance.json

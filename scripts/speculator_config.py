@@ -8,7 +8,7 @@ if __name__ == "__main__":
     log_to(snakemake.log[0])
     write_speculator_config(
         snakemake.output[0],
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         snakemake.input.layer_ids,
         snakemake.params.draft_vocab_size,
         num_layers=snakemake.params.num_layers,

@@ -7,7 +7,7 @@ from draftline.logs import log_to
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     tokenize(
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         snakemake.input.conversations,
         snakemake.output.dataset,
         snakemake.output.token_freq,

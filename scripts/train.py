@@ -1,13 +1,15 @@
 """Train the draft with speculators' Trainer (resuming a cut-short run) and publish final/ (see draftline.train)."""
 
 from draftline.devices import claim_gpus
+from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.train import TrainInputs, TrainSettings, train
+from draftline.train import TrainInputs, TrainSettings, check_world_size, train
 from draftline.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
     train(
         TrainInputs(
             config_dir=snakemake.input.config,
@@ -16,13 +18,17 @@ if __name__ == "__main__":
             d2t=snakemake.input.d2t,
             t2d=snakemake.input.t2d,
             layer_ids=snakemake.input.layer_ids,
-            target=snakemake.input.target,
+            target=str(snakemake.params.target_dir),
         ),
-        TrainSettings.from_config(snakemake.params.train),
+        # the optimizer and loader workers the plan resolved (they are params: they decide staleness)
+        TrainSettings.from_config(
+            {**snakemake.params.train, **{k: snakemake.params.planned[k] for k in ("optimizer", "num_workers")}}
+        ),
         runs_dir=snakemake.params.runs_dir,
         final_dir=snakemake.output[0],
         threads=snakemake.threads,
         # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
-        gpus=int(snakemake.resources.get("gpu", 0)),
+        gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0))),
+        trust_remote_code=snakemake.params.trust_remote_code,
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

