@@ -19,7 +19,7 @@ moves it), so it cannot be cheaper than the prefill alone: a ratio below 1 is no
   because on a shared 2-core machine one run can swing by tens of percent.
 
     PYTHONPATH=src VLLM_CPU_KVCACHE_SPACE=1 ./draftline python benchmarks/extraction_vs_prefill.py \
-        --model embedded --rows 96 --seq-len 128 --pairs 7 --out benchmarks/results/extraction_vs_prefill_smollm2
+        --model embedded --rows 80 --seq-len 128 --pairs 7 --out benchmarks/results/extraction_vs_prefill_smollm2
 """
 
 from __future__ import annotations
@@ -137,6 +137,9 @@ def main() -> None:
 
     configure_vllm_cpu(args.threads)
     ncpu = len(os.sched_getaffinity(0))
+    # The code that runs is the code at start; others may commit while the benchmark runs.
+    commit = _sh("git", "rev-parse", "HEAD")
+    uncommitted = _sh("git", "status", "--porcelain", "--", sys.argv[0], "src/draftline").splitlines()
     started = time.time()
     load_start = _loadavg()
     dtype = default_dtype(args.dtype)
@@ -204,8 +207,9 @@ def main() -> None:
     env_cmd = [f"{k}={os.environ[k]}" for k in ("PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE") if k in os.environ]
     result = {
         "command": shlex.join([*env_cmd, "./draftline", "python", *sys.argv]),
-        "commit": _sh("git", "rev-parse", "HEAD"),
-        "uncommitted_changes": _sh("git", "status", "--porcelain", "--", sys.argv[0], "src/draftline").splitlines(),
+        "commit": commit,
+        "commit_at_end": _sh("git", "rev-parse", "HEAD"),
+        "uncommitted_changes": uncommitted,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_s": round(time.time() - started, 1),
         "model": args.model,
@@ -263,7 +267,8 @@ def _claim(r: dict) -> str:
     claim = (f"extraction costs x{r['ratio_min']:.2f}-x{r['ratio_max']:.2f} of a plain prefill "
              f"(median x{r['ratio_median']:.2f} over {r['pairs']} pairs; 1-min load "
              f"{ld['loadavg_1min_min']:.1f}-{ld['loadavg_1min_max']:.1f} on {ld['nproc']} CPUs, "
-             f"{ld['busy_cpus_min']:.1f}-{ld['busy_cpus_max']:.1f} CPUs busy during runs)")
+             + (f"{ld['busy_cpus_min']:.1f} CPUs busy in every run)" if ld["busy_cpus_min"] == ld["busy_cpus_max"]
+                else f"{ld['busy_cpus_min']:.1f}-{ld['busy_cpus_max']:.1f} CPUs busy during runs)"))
     slower = sum(x > 1 for x in r["ratios"])
     if slower == r["pairs"]:
         verdict = "extraction was slower than plain prefill in every pair"
@@ -287,7 +292,9 @@ def _markdown(r: dict) -> str:
         "",
         f"- commit {r['commit']}"
         + (f" (uncommitted: {r['uncommitted_changes']})" if r["uncommitted_changes"] else "")
-        + f"; {r['date_utc']}; {r['wall_s']} s in all",
+        + (f" (HEAD was {r['commit_at_end']} by the end)" if r.get("commit_at_end", r["commit"]) != r["commit"] else "")
+        + f"; {r['date_utc']}; {r['wall_s']} s in all"
+        + (f"; note: {r['note']}" if r.get("note") else ""),
         f"- machine: {r['machine']}; versions {r['versions']}, Python {r['python']}",
         f"- target: {r['target_layers']} layers, hidden {r['hidden_size']}; extracted layers "
         f"{r['extracted_layers']}; dtype {r['dtype']}; enforce_eager {r['enforce_eager']}; "
