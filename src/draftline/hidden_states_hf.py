@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_TOKENS = 32768
 WRITERS = 4
-MAX_BATCHES_IN_FLIGHT = 4  # bounds pinned host memory held by batches waiting to be written (2 left the H200 waiting on writers: 20.6k vs 29.0k tok/s)
+MAX_BATCHES_IN_FLIGHT = 4  # bounds pinned host memory held by batches waiting to be written (2 or 4: the same 29.4k tok/s on an H200, docs/gpu.md)
 
 
 def load_decoder(target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False):
