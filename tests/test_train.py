@@ -327,3 +327,17 @@ def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(
     base = run_key(TrainSettings(), "adamw", 1, fingerprints)
     assert run_key(TrainSettings(num_workers=8, keep_old_runs=True), "adamw", 1, fingerprints) == base
     assert run_key(TrainSettings(fsdp=True), "adamw", 1, fingerprints) != base
+
+
+def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
+    """target.trust_remote_code must reach the Trainer (a target that needs its own code
+    fails late otherwise): the flag is passed, and speculators' own CLI parser reads it."""
+    from speculators.train.config.resolution import build_parser
+
+    from draftline.train import TrainInputs, TrainSettings, speculators_args
+
+    inputs = TrainInputs(*(tmp_path,) * 6, target="t")
+    allowed = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64, trust_remote_code=True)
+    refused = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
+    assert build_parser().parse_args(allowed).trust_remote_code is True
+    assert build_parser().parse_args(refused).trust_remote_code is False
