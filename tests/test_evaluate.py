@@ -168,6 +168,9 @@ def evaluation(tiny_model, tmp_path_factory):
         json.dumps({"id": f"p{i}", "source": "t", "messages": [{"role": "user", "content": p}]}) + "\n"
         for i, p in enumerate(chosen)
     ))  # fmt: skip
+    # a user's own prompt set, in another format (plain prompts), measured beside the test set
+    mine = tmp / "mine.jsonl"
+    mine.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in chosen[:2]))
     oracle = _oracle_draft(untrained, tmp / "oracle", token)
 
     readings, engines = [], []
@@ -186,7 +189,7 @@ def evaluation(tiny_model, tmp_path_factory):
         mp.setattr(vllm.LLM, "get_metrics", get_metrics)
         mp.setattr(ev, "create_llm", create_llm)
         summary = ev.evaluate(
-            tiny_model, {"test": heldout}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
+            tiny_model, {"test": heldout, "mine": mine}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
         )  # fmt: skip
     written = json.loads((tmp / "acceptance.json").read_text())
@@ -204,14 +207,15 @@ def _sum(metrics, name):
 
 def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
     result, readings = evaluation["json"], evaluation["readings"]
-    # before/after each timed generate: target alone, then each draft in order
-    assert len(readings) == 6
-    runs = [result["sets"]["test"]["target_alone"], result["drafts"]["trained"], result["drafts"]["untrained"]]
+    # before/after each set's timed generate (test, then mine): target alone, then each draft
+    assert len(readings) == 12
+    test = result["sets"]["test"]
+    runs = [test["target_alone"], test["drafts"]["trained"], test["drafts"]["untrained"]]
     for i, run in enumerate(runs):
-        before, after = readings[2 * i], readings[2 * i + 1]
+        before, after = readings[4 * i], readings[4 * i + 1]
         for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PROMPT_TOKENS):
             assert run["counters"][name] == _sum(after, name) - _sum(before, name), (i, name)
-    for name, (b, a) in {"trained": (2, 3), "untrained": (4, 5)}.items():
+    for name, (b, a) in {"trained": (4, 5), "untrained": (8, 9)}.items():
         draft, c = result["drafts"][name], result["drafts"][name]["counters"]
         before = _sum(readings[b], ACCEPTED_PER_POS) or [0] * K
         per_pos = [x - y for x, y in zip(_sum(readings[a], ACCEPTED_PER_POS), before, strict=True)]
@@ -240,6 +244,17 @@ def test_counters_agree_with_independent_relations(evaluation):
     assert trained["mean_acceptance_length"] > 3.0
     assert trained["acceptance_per_position"][0] > 0.9
     assert untrained["mean_acceptance_length"] < trained["mean_acceptance_length"]
+
+
+def test_named_prompt_sets_are_measured_in_the_same_job_and_reported_apart(evaluation):
+    result = evaluation["json"]
+    assert list(result["sets"]) == ["test", "mine"] and result["headline_set"] == "test"
+    mine = result["sets"]["mine"]
+    assert mine["prompts"] == 2 and mine["source"].endswith("mine.jsonl")
+    assert mine["drafts"]["trained"]["counters"] != result["sets"]["test"]["drafts"]["trained"]["counters"]
+    # one engine per draft served both sets (loaded once, not per set)
+    assert evaluation["engines"] == [None, evaluation["oracle"], evaluation["untrained"]]
+    assert mine["drafts"]["trained"]["mean_acceptance_length"] > 3.0
 
 
 def test_spread_comes_from_vllm_per_request_metrics(evaluation):
@@ -324,10 +339,15 @@ def _fabricate_results(workdir: Path) -> None:
         json.dumps({"run_dir": "results/checkpoint/runs/abc", "chosen_epoch": 1, "val_loss_per_epoch": {"0": 1.8, "1": 1.4}})
     )
     (r / "eval").mkdir()
-    (r / "eval" / "acceptance.json").write_text(json.dumps({"num_speculative_tokens": 3, "prompts": 5, "drafts": {
-        "trained": {"acceptance_per_position": [0.4, 0.2, 0.05], "mean_acceptance_length": 1.65},
-        "untrained": {"acceptance_per_position": [0.0, 0.0, 0.0], "mean_acceptance_length": 1.0},
-    }}))  # fmt: skip
+    drafts = {
+        "trained": {"acceptance_per_position": [0.4, 0.2, 0.05], "mean_acceptance_length": 1.65,
+                    "spread": {"bootstrap_95": [1.5, 1.8]}},
+        "untrained": {"acceptance_per_position": [0.0, 0.0, 0.0], "mean_acceptance_length": 1.0, "spread": None},
+    }  # fmt: skip
+    (r / "eval" / "acceptance.json").write_text(json.dumps({
+        "num_speculative_tokens": 3, "prompts": 5, "drafts": drafts, "headline_set": "test",
+        "sets": {"validation": {"prompts": 4, "drafts": drafts}, "test": {"prompts": 5, "drafts": drafts}},
+    }))  # fmt: skip
     (r / "tokenized").mkdir()
     torch.save({5: 40, 9: 30, 11: 20, 300: 10}, r / "tokenized" / "token_freq.pt")
     (r / "vocab").mkdir()
