@@ -20,6 +20,12 @@ import yaml
 
 from workflow import REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
 
+# what follows training in the lineage: evaluation, the plots that read them, the lineage
+AFTER_TRAIN = {
+    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
+    "lineage": 1,
+}  # fmt: skip
+
 # Imported by every Python process of a test run (it is on PYTHONPATH): makes each move of a
 # validated hidden-state file into the staging folder slow, so a kill lands mid-shard.
 SLOW_STAGING = '''
@@ -96,7 +102,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     assert_locked_then_unlock(run, *rerun)
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
-        "hidden_states_shard": 1, "hidden_states_view": 1, "train": 1, "lineage": 1,
+        "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
     }  # fmt: skip
     snakemake(run, *rerun)
     manifest = json.loads((shard1 / "manifest.json").read_text())
@@ -132,7 +138,7 @@ def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
 
     rerun = ("--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
     assert_locked_then_unlock(run, *rerun)
-    assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {"train": 1, "lineage": 1}
+    assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == AFTER_TRAIN
     snakemake(run, *rerun)
     starts = re.findall(r"resuming after epoch \d+ of \d+|fresh start", (run / "logs/train.log").read_text())
     assert starts[-1] == f"resuming after epoch {len(done)} of {epochs}"
