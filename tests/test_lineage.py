@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from workflow import REPO, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config
+from workflow import copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config
 
 TARGET = "results/lineage.json"
 AFTER_TRAIN = {
@@ -47,7 +47,6 @@ def finished(tmp_path_factory, tiny_model):
     target is a private copy of the tiny model used in place."""
     root = tmp_path_factory.mktemp("lineage")
     repo = copy_workflow(root / "project")
-    shutil.copytree(REPO / "requirements", repo / "requirements")
     model = shutil.copytree(tiny_model, root / "models" / "tiny")
     workdir = repo  # as a user runs it: results/ beside the Snakefile
     (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(12)))

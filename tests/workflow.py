@@ -63,11 +63,11 @@ def planned_jobs(
 
 
 # What a copy of the workflow needs (a test may edit the copy's code, never the repo's).
-WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles")
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles", "requirements")
 
 
 def copy_workflow(dest: Path) -> Path:
-    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles)."""
+    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles, requirements)."""
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for part in WORKFLOW_PARTS:

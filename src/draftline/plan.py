@@ -113,6 +113,8 @@ def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) ->
     """{package: pinned version} from requirements/ for `device`; "vllm" means the device's
     vLLM build. A package the list does not pin raises (every one a step names must be)."""
     path = Path(repo) / REQUIREMENTS[device]
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; the pinned versions for device {device} are read from it")
     pins = _pins(path)
     out = {}
     for package in packages:

@@ -1,0 +1,115 @@
+"""Record a finished run's figures with what makes them checkable: the command, the commit the
+run was made from, the versions, the machine and its load while the run went on.
+
+    python benchmarks/record_run.py WORKDIR --command "CMD" --out benchmarks/results/NAME \
+        [--loadavg LOG] [--wall-s SECONDS]
+
+Writes NAME.json: the run's `results/eval/acceptance.json` (every prompt set, trained vs
+untrained, per-prompt spread), its stage wall times (Snakemake's per-job benchmark files),
+the commit and versions from the training provenance, the machine (CPU model, cores), and
+the 1-minute load averages sampled during the run (LOG: lines "ISO-time load1 load5 load15 ...",
+e.g. from `while :; do echo "$(date -u +%FT%TZ) $(cat /proc/loadavg)"; sleep 30; done`).
+Writes NAME.md: the acceptance table per set, for docs to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+from pipeline_wall_time import stage_times
+
+
+def _machine() -> dict:
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count()}
+
+
+def _load(log: Path | None, start: float, end: float) -> dict | None:
+    if log is None or not log.is_file():
+        return None
+    values = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
+        if start <= when <= end:
+            values.append(float(parts[1]))
+    if not values:
+        return None
+    values.sort()
+    return {"samples": len(values), "load1_min": values[0], "load1_median": values[len(values) // 2], "load1_max": values[-1]}
+
+
+def table(acceptance: dict) -> str:
+    lines = [
+        "| set | prompts | draft | mean acceptance length | 95% bootstrap | acceptance rate | per position | tok/s (target alone) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, data in acceptance["sets"].items():
+        for draft, d in data["drafts"].items():
+            spread = (d.get("spread") or {}).get("bootstrap_95")
+            lines.append(
+                f"| {name} | {data['prompts']} | {draft} | {d['mean_acceptance_length']:.3f} | "
+                f"{'[%.3f, %.3f]' % tuple(spread) if spread else '-'} | {d['acceptance_rate']:.3f} | "
+                f"{' / '.join(f'{x:.3f}' for x in d['acceptance_per_position'])} | "
+                f"{d['output_tokens_per_s']} ({data['target_alone']['output_tokens_per_s']}) |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--command", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--loadavg", type=Path)
+    parser.add_argument("--wall-s", type=float, help="the command's own wall time (e.g. from /usr/bin/time)")
+    args = parser.parse_args()
+
+    results = args.workdir / "results"
+    acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
+    train = json.loads((results / "checkpoint" / "final" / "provenance.json").read_text())
+    chosen = json.loads((results / "checkpoint" / "final" / "draftline_provenance.json").read_text())
+    times = stage_times(args.workdir)
+    start, end = float(times["start"].min()), float(times["end"].max())
+    record = {
+        "command": args.command,
+        "workflow": train.get("workflow"),
+        "versions": train.get("versions"),
+        "machine": _machine(),
+        "load_during_run": _load(args.loadavg, start, end),
+        "jobs_wall_s": round(end - start, 1),
+        "command_wall_s": args.wall_s,
+        "stage_seconds": {row.job: round(row.seconds, 1) for row in times.itertuples()},
+        "chosen_epoch": chosen.get("chosen_epoch"),
+        "val_loss_per_epoch": chosen.get("val_loss_per_epoch"),
+        "acceptance": acceptance,
+        "recorded": datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    load = record["load_during_run"]
+    note = (
+        f"Command: `{args.command}`; commit {(record['workflow'] or {}).get('commit')}; "
+        f"machine {record['machine']['cpu']} ({record['machine']['cores']} cores); jobs' wall time "
+        f"{record['jobs_wall_s'] / 60:.1f} min"
+        + (f"; 1-minute load during the run {load['load1_min']}-{load['load1_max']} (median {load['load1_median']})" if load else "")
+        + "."
+    )
+    out.with_suffix(".md").write_text(table(acceptance) + "\n\n" + note + "\n")
+    print(table(acceptance) + "\n\n" + note)
+
+
+if __name__ == "__main__":
+    main()
