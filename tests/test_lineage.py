@@ -197,3 +197,20 @@ def test_a_pinned_dtype_keeps_cpu_steps_when_only_the_device_changes(moved):
     or pins change rerun."""
     edit_config(moved, target={"dtype": "float32"})
     assert plan(moved) == {}  # float32 is what auto resolved to on CPU
+
+
+# ---------------------------------------------------------------- on a real run
+
+
+def test_a_real_run_moved_and_its_workflow_re_cloned_plans_nothing(tiny_run, tmp_path):
+    """The finished tiny run (real jobs, real metadata) copied elsewhere, and the workflow
+    copied afresh with new mtimes everywhere (a `git clone`): nothing to do."""
+    from workflow import copy_run
+
+    run = copy_run(tiny_run, tmp_path / "elsewhere" / "run")
+    clone = copy_workflow(tmp_path / "clone")
+    _fresh_mtimes(clone)
+    assert planned_jobs(run, TARGET, repo=clone) == {}
+    # and a real change there still reruns what it should
+    edit_config(run, train={"epochs": 3})
+    assert planned_jobs(run, TARGET, repo=clone) == AFTER_TRAIN
