@@ -1,5 +1,6 @@
 # Config validation, the target's location, and small input functions shared by the rules.
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
 
+from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
+from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
 from draftline.prompts import PromptError, check_sources, source_files  # noqa: E402
 from draftline.content_hash import HashCache  # noqa: E402
 from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
@@ -162,12 +165,8 @@ for _key in sorted(config):
     config[_key] = _sort_keys(config.pop(_key))
 
 
-# --- issue 6: the config against the target's shape; the hidden states' disk use -------------
-# (draftline.checks, draftline.disk; the rule is in rules/disk.smk)
-import json  # noqa: E402
-
-from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
-from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
+# The config against the target's shape, and the hidden states' disk use (draftline.checks,
+# draftline.disk; the rule is in rules/disk.smk).
 
 try:
     TARGET_SHAPE = target_shape(TARGET.kind, TARGET.dir)
@@ -206,4 +205,3 @@ def _hidden_state_disk_use():
 
 
 _hidden_state_disk_use()
-# --- end issue 6 -------------------------------------------------------------------------------
