@@ -10,7 +10,6 @@ metadata the way a real run does), on a private copy of the workflow and of the 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -18,17 +17,11 @@ import time
 import pytest
 import yaml
 
-from workflow import copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config
+from workflow import (
+    AFTER_TOKENIZE, AFTER_TRAIN, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
+)
 
 TARGET = "results/lineage.json"
-AFTER_TRAIN = {
-    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
-    "lineage": 1,
-}  # fmt: skip
-AFTER_TOKENIZE = {
-    "tokenize": 1, "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
-    "report_hidden_states_disk": 1, "vocab": 1, "report_vocab_coverage": 1, **AFTER_TRAIN,
-}  # fmt: skip
 # every job that reads the target: all but the prompts stage
 AFTER_TARGET = {"layer_ids": 1, "regenerate": 1, "speculator_config": 1, **AFTER_TOKENIZE}
 
@@ -48,18 +41,8 @@ def finished(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("lineage")
     repo = copy_workflow(root / "project")
     model = shutil.copytree(tiny_model, root / "models" / "tiny")
-    workdir = repo  # as a user runs it: results/ beside the Snakefile
-    (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(12)))
-    write_config(workdir, {
-        "target": {"model": str(model)},
-        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
-        "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
-        "vocab": {"draft_vocab_size": 256},
-    })  # fmt: skip
-    fake_finished_run(workdir, TARGET, repo=repo)
-    # every job recorded, as a real run records them (input checksums included)
-    snakemake(workdir, "--touch", "--forceall", "--cores", "1", TARGET, repo=repo)
+    # as a user runs it: results/ beside the Snakefile
+    workdir = fake_tiny_project(repo, model, repo, rows=12)
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
     return root
 

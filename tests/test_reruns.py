@@ -12,26 +12,10 @@ import json
 import pytest
 import yaml
 
-from workflow import REPO, copy_run, copy_workflow, fake_finished_run, planned_jobs, write_config
+from workflow import AFTER_TOKENIZE, AFTER_TRAIN, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, write_config
 
 TARGET = "results/lineage.json"
 
-# What follows each stage (the tiny run uses the target folder in place: no target_model job).
-# The lineage covers the evaluation and the report's plots, so they follow training.
-AFTER_TRAIN = {
-    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
-    "lineage": 1,
-}  # fmt: skip
-AFTER_TOKENIZE = {
-    "tokenize": 1,
-    "hidden_states_disk_estimate": 1,
-    "hidden_states_shard": 2,
-    "hidden_states_view": 1,
-    "report_hidden_states_disk": 1,
-    "vocab": 1,
-    "report_vocab_coverage": 1,
-    **AFTER_TRAIN,
-}
 AFTER_PROMPTS = {"prompts": 1, "regenerate": 1, **AFTER_TOKENIZE}
 
 
@@ -122,15 +106,7 @@ def code_run(tmp_path_factory, tiny_model):
 
     workdir = root / "run"
     workdir.mkdir()
-    (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(8)))
-    write_config(workdir, {
-        "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
-        "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
-        "vocab": {"draft_vocab_size": 256},
-    })  # fmt: skip
-    fake_finished_run(workdir, TARGET, repo=repo)
+    fake_tiny_project(workdir, tiny_model, repo)
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
     return repo, workdir
 

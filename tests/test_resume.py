@@ -18,13 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflow import REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
+from workflow import AFTER_TRAIN, REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
 
-# what follows training in the lineage: evaluation, the plots that read them, the lineage
-AFTER_TRAIN = {
-    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
-    "lineage": 1,
-}  # fmt: skip
+
 
 # Imported by every Python process of a test run (it is on PYTHONPATH): makes each move of a
 # validated hidden-state file into the staging folder slow, so a kill lands mid-shard.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -104,3 +105,32 @@ def fake_finished_run(workdir: Path, *targets: str, repo: Path = REPO) -> None:
         else:
             p.mkdir(parents=True)
     snakemake(workdir, "--touch", "--cores", "1", *targets, repo=repo)
+
+
+# What a dry run of results/lineage.json plans after a change at each stage (the tiny configs
+# use the target folder in place: no target_model job). The lineage covers the evaluation and
+# the report's plots, so they follow training.
+AFTER_TRAIN = {
+    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
+    "lineage": 1,
+}  # fmt: skip
+AFTER_TOKENIZE = {
+    "tokenize": 1, "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
+    "report_hidden_states_disk": 1, "vocab": 1, "report_vocab_coverage": 1, **AFTER_TRAIN,
+}  # fmt: skip
+
+
+def fake_tiny_project(workdir: Path, model: Path, repo: Path, rows: int = 8) -> Path:
+    """A tiny config on `model` with `rows` plain prompts, faked as a finished run of `repo`'s
+    workflow up to results/lineage.json, every job recorded as a real run records it."""
+    (workdir / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(rows)))
+    write_config(workdir, {
+        "target": {"model": str(model)},
+        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
+        "tokenize": {"max_seq_len": 256},
+        "hidden_states": {"shards": 2},
+        "vocab": {"draft_vocab_size": 256},
+    })  # fmt: skip
+    fake_finished_run(workdir, "results/lineage.json", repo=repo)
+    snakemake(workdir, "--touch", "--forceall", "--cores", "1", "results/lineage.json", repo=repo)
+    return workdir
