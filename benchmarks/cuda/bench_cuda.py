@@ -535,13 +535,7 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     ex = hf.HFExtractor(cap_decoder, layer_ids["extracted"], cap_decoder.config.hidden_size, dtype)
 
     def plain_batch(batch):
-        rows = [ids[r] for r in batch]
-        longest = max(map(len, rows))
-        x = torch.zeros((len(rows), longest), dtype=torch.long)
-        mask = torch.zeros_like(x)
-        for b, row in enumerate(rows):
-            x[b, : len(row)] = torch.as_tensor(row)
-            mask[b, : len(row)] = 1
+        x, mask = hf.pad_batch([ids[r] for r in batch])
         with torch.inference_mode():
             plain_decoder(input_ids=x.to(device), attention_mask=mask.to(device), use_cache=False)
 

@@ -15,11 +15,16 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def default_dtype(requested: str = "auto") -> str:
+def dtype_for(requested: str, cuda: bool) -> str:
     """float32 on CPU (AVX2-only CPUs run bf16 ~5x slower), bfloat16 on CUDA."""
     if requested != "auto":
         return requested
-    return "bfloat16" if has_cuda() else "float32"
+    return "bfloat16" if cuda else "float32"
+
+
+def default_dtype(requested: str = "auto") -> str:
+    """`dtype_for` on this machine."""
+    return dtype_for(requested, has_cuda())
 
 
 def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None) -> None:

@@ -71,6 +71,19 @@ def batches(rows: Sequence[int], lengths: dict[int, int], batch_tokens: int, max
     return out
 
 
+def pad_batch(token_ids: Sequence[Sequence[int]]):
+    """Right-padded input ids and the attention mask of a batch of rows (CPU tensors)."""
+    import torch
+
+    longest = max(map(len, token_ids))
+    ids = torch.zeros((len(token_ids), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(token_ids):
+        ids[b, : len(row)] = torch.as_tensor(row)
+        mask[b, : len(row)] = 1
+    return ids, mask
+
+
 class HFExtractor:
     """Runs batches through the decoder and hands each row's states to writer threads."""
 
@@ -94,12 +107,7 @@ class HFExtractor:
         """Stacked states [batch, max_len, n_extracted, hidden] on the device (right-padded)."""
         import torch
 
-        longest = max(map(len, token_ids))
-        ids = torch.zeros((len(token_ids), longest), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, row in enumerate(token_ids):
-            ids[b, : len(row)] = torch.as_tensor(row)
-            mask[b, : len(row)] = 1
+        ids, mask = pad_batch(token_ids)
         self._last.clear()
         with torch.inference_mode():
             out = self.decoder(

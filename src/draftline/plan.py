@@ -71,23 +71,24 @@ def planned_device(setting: str) -> str:
 
 
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
-    """The settings jobs would otherwise resolve themselves, per concern (engine, train)."""
+    """The settings jobs would otherwise resolve themselves, per concern (engine, train), by
+    the same rules they use (engine.dtype_for, train.resolve_optimizer/resolve_num_workers)."""
+    from draftline.engine import dtype_for
+    from draftline.train import resolve_num_workers, resolve_optimizer
+
     cuda = device == "cuda"
-    dtype = config["target"]["dtype"]
     train = config["train"]
     return {
         "engine": {
             "device": device,
-            # float32 on CPU (AVX2-only CPUs run bf16 ~5x slower), bfloat16 on CUDA
-            "dtype": dtype if dtype != "auto" else ("bfloat16" if cuda else "float32"),
+            "dtype": dtype_for(config["target"]["dtype"], cuda),
             # torch.compile costs minutes of start-up on CPU for no speed-up
             "enforce_eager": not cuda,
         },
         "train": {
             "device": device,
-            # torch's Muon casts to bf16, which this kind of CPU runs ~1000x slower than AdamW
-            "optimizer": train["optimizer"] if train["optimizer"] != "auto" else ("muon" if cuda else "adamw"),
-            "num_workers": train["num_workers"] if train["num_workers"] != "auto" else (4 if cuda else 0),
+            "optimizer": resolve_optimizer(train["optimizer"], cuda),
+            "num_workers": resolve_num_workers(train["num_workers"], cuda),
             "world_size": max(1, int(train_gpus)) if cuda else 1,
         },
     }

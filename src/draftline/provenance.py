@@ -262,10 +262,6 @@ def find_provenance(path: str | Path) -> tuple[Path, dict] | None:
     return None
 
 
-def _code_input(name: str) -> bool:
-    return name == "code"
-
-
 def _label(step: dict) -> str:
     wildcards = ",".join(f"{k}={v}" for k, v in sorted(step["wildcards"].items()))
     return f"{step['rule']}[{wildcards}]" if wildcards else step["rule"]
@@ -274,7 +270,7 @@ def _label(step: dict) -> str:
 def _data_hashes(step: dict) -> dict[str, str]:
     return {
         e["path"]: e.get("sha256") or e.get("stat") or "missing"
-        for name, entries in step["inputs"].items() if not _code_input(name)
+        for entries in step["inputs"].values()
         for e in entries
     }  # fmt: skip
 
@@ -304,9 +300,7 @@ def build_lineage(final: str | Path, *also: str | Path) -> dict:
             return key
         steps[key] = {}  # mark before recursing (the DAG has no cycles, but be safe)
         used = []
-        for name, entries in record["inputs"].items():
-            if _code_input(name):
-                continue
+        for entries in record["inputs"].values():
             for entry in entries:
                 upstream = visit(entry["path"])
                 if upstream is not None and upstream not in used:
