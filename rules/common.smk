@@ -26,7 +26,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
 from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
-from draftline.prompts import PromptError, check_sources, source_files  # noqa: E402
+from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
 from draftline.content_hash import HashCache  # noqa: E402
 from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402

@@ -31,7 +31,7 @@ rule evaluate:
     resources:
         gpu=1,
     params:
-        code=code("evaluate", "engine", "train", script="evaluate"),
+        code=code("evaluate", script="evaluate"),
         num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         max_prompts=config["evaluate"]["max_prompts"],

@@ -21,7 +21,7 @@ rule hidden_states_shard:
     resources:
         gpu=1,
     params:
-        code=code("hidden_states", "hidden_states_hf", "vllm_cpu_connector", "engine", script="hidden_states"),
+        code=code("hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
         num_shards=config["hidden_states"]["shards"],
         target=TARGET_IDENTITY,

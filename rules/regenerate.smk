@@ -18,7 +18,7 @@ rule regenerate:
     resources:
         gpu=1,
     params:
-        code=code("regenerate", "engine", script="regenerate"),
+        code=code("regenerate", script="regenerate"),
         max_new_tokens=config["regenerate"]["max_new_tokens"],
         temperature=config["regenerate"]["temperature"],
         top_p=config["regenerate"]["top_p"],

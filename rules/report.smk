@@ -51,7 +51,7 @@ rule report_vocab_coverage:
         "results/benchmarks/report/vocab_coverage.tsv"
     threads: 1
     params:
-        code=code("report", "vocab", script="report_plot"),
+        code=code("report", script="report_plot"),
         plot="vocab_coverage",
     script:
         "../scripts/report_plot.py"

@@ -14,12 +14,12 @@ rule speculator_config:
         "results/benchmarks/speculator_config.tsv"
     threads: 1
     params:
-        code=code("speculator_config", "vocab", script="speculator_config"),
+        code=code("speculator_config", script="speculator_config"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         versions=versions("speculators", "transformers"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        num_layers=config["draft"]["num_layers"],
+        draft=config["draft"],
         ttt_steps=config["train"]["ttt_steps"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

@@ -1,12 +1,11 @@
-"""Extract one shard of target hidden states with vLLM or transformers (see draftline.hidden_states)."""
-
-import json
+"""Extract one shard of target hidden states with the configured backend (see draftline.hidden_states)."""
 
 from draftline.devices import claim_gpus
-from draftline.plan import check_job_environment
+from draftline.engine import EngineSettings
 from draftline.hidden_states import extract_shard
-from draftline.provenance import write_provenance
 from draftline.logs import log_to
+from draftline.plan import check_job_environment
+from draftline.provenance import write_provenance
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -15,16 +14,17 @@ if __name__ == "__main__":
     extract_shard(
         snakemake.input.dataset,
         str(snakemake.params.target_dir),
-        json.loads(open(snakemake.input.layer_ids).read()),
+        snakemake.input.layer_ids,
         int(snakemake.wildcards.shard),
         snakemake.params.num_shards,
         snakemake.output[0],
-        dtype=snakemake.params.planned["dtype"],
-        threads=snakemake.threads,
-        enforce_eager=snakemake.params.planned["enforce_eager"],
-        chunk_rows=snakemake.params.chunk_rows,
-        trust_remote_code=snakemake.params.trust_remote_code,
-        # hidden_states.backend: "vllm" (default) or "transformers" (draftline.hidden_states_hf)
-        backend=snakemake.params.get("backend", "vllm"),
+        EngineSettings(
+            dtype=snakemake.params.planned["dtype"],
+            enforce_eager=snakemake.params.planned["enforce_eager"],
+            trust_remote_code=snakemake.params.trust_remote_code,
+            threads=snakemake.threads,
+        ),
+        backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
+        rows_per_call=snakemake.params.chunk_rows,
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -1,10 +1,10 @@
 """One symlink per dataset row into the shard that holds it: the folder the Trainer reads."""
 
-from draftline.hidden_states import build_view
+from draftline.hidden_states import build_training_view
 from draftline.provenance import write_provenance
 from draftline.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
-    build_view(list(snakemake.input.shards), snakemake.output[0])
+    build_training_view(list(snakemake.input.shards), snakemake.output[0])
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -10,6 +10,9 @@ import yaml
 from safetensors.torch import save_file
 
 from draftline import hidden_states as hs
+from draftline.artifacts.layer_ids import LayerIds
+from draftline.engine import EngineSettings
+from draftline.artifacts import hidden_states as hsf
 from draftline.checks import (
     EMBEDDED_SHAPE,
     ConfigError,
@@ -17,8 +20,8 @@ from draftline.checks import (
     check_config,
     shape_from_config,
     target_shape,
-    validate_hidden_states,
 )
+from draftline.artifacts.hidden_states import validate_hidden_states
 from draftline.disk import DiskLimitError, bytes_per_token, check_limit, estimate, write_estimate
 
 REPO_CONFIG = "config/config.yaml"
@@ -153,15 +156,15 @@ def published(tmp_path):
     for k in range(2):
         shard = tmp_path / f"shard_{k}"
         shard.mkdir()
-        rows = hs.shard_rows(6, k, 2)
+        rows = hsf.shard_rows(6, k, 2)
         for r in rows:
             save_file({"hidden_states": torch.randn(len(ids[r]), 4, 16), "token_ids": torch.tensor(ids[r])},
-                      str(shard / hs.file_name(r)))
-        (shard / hs.MANIFEST).write_text(json.dumps({
+                      str(shard / hsf.file_name(r)))
+        (shard / hsf.MANIFEST).write_text(json.dumps({
             "row_start": rows.start, "row_stop": rows.stop, "dataset_rows": 6,
             "dataset_fingerprint": "fp", "layer_ids": {"extracted": [2, 4, 5, 8]}, "dtype": "float32"}))
         shards.append(shard)
-    hs.build_view(shards, tmp_path / "all")
+    hs.build_training_view(shards, tmp_path / "all")
     return tmp_path, ids
 
 
@@ -185,24 +188,24 @@ def test_bad_file_is_named_and_only_its_shard_is_removed(published, how, reason)
     root, ids = published
     assert validate_hidden_states(root / "dataset", root / "all", 4, 16, dtype="float32") == sum(map(len, ids))
     row = 4  # in shard_1 (rows 3..5)
-    _corrupt(root / "shard_1" / hs.file_name(row), how, ids[row])
-    with pytest.raises(hs.HiddenStateFileError, match=rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1 and the view"):
+    _corrupt(root / "shard_1" / hsf.file_name(row), how, ids[row])
+    with pytest.raises(hsf.HiddenStateFileError, match=rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1 and the view"):
         validate_hidden_states(root / "dataset", root / "all", 4, 16)
     assert (root / "shard_1").exists()  # reported, not removed, unless asked
-    with pytest.raises(hs.HiddenStateFileError, match=r"removed .*shard_1 and the view .*all; run the workflow again"):
+    with pytest.raises(hsf.HiddenStateFileError, match=r"removed .*shard_1 and the view .*all; run the workflow again"):
         validate_hidden_states(root / "dataset", root / "all", 4, 16, remove_bad_shards=True)
     assert not (root / "shard_1").exists() and not (root / "all").exists()
-    assert (root / "shard_0" / hs.file_name(0)).exists()
+    assert (root / "shard_0" / hsf.file_name(0)).exists()
 
 
 def test_missing_file_and_wrong_layer_count(published):
     root, _ = published
-    (root / "all" / hs.file_name(0)).unlink()
-    with pytest.raises(hs.HiddenStateFileError, match="hs_0.safetensors.*missing"):
+    (root / "all" / hsf.file_name(0)).unlink()
+    with pytest.raises(hsf.HiddenStateFileError, match="hs_0.safetensors.*missing"):
         validate_hidden_states(root / "dataset", root / "all", 4, 16)
     shutil.rmtree(root / "all")
-    hs.build_view([root / "shard_0", root / "shard_1"], root / "all")
-    with pytest.raises(hs.HiddenStateFileError, match="6 of 6 .*3 extracted layers"):
+    hs.build_training_view([root / "shard_0", root / "shard_1"], root / "all")
+    with pytest.raises(hsf.HiddenStateFileError, match="6 of 6 .*3 extracted layers"):
         validate_hidden_states(root / "dataset", root / "all", 3, 16)
 
 
@@ -211,8 +214,8 @@ def test_an_empty_shard_publishes_without_starting_an_engine(tiny_model, tmp_pat
     from datasets import Dataset
 
     Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]}).save_to_disk(str(tmp_path / "dataset"))
-    layer_ids = {"aux": [2, 4, 5], "extracted": [2, 4, 5, 8], "num_hidden_layers": 8}
+    layer_ids = LayerIds(aux=[2, 4, 5], num_hidden_layers=8)
     manifest = hs.extract_shard(tmp_path / "dataset", tiny_model, layer_ids, 2, 3, tmp_path / "shard_2",
-                                dtype="float32")
+                                EngineSettings(dtype="float32"))
     assert manifest["num_rows"] == 0 and manifest["tokens"] == 0
-    assert sorted(p.name for p in (tmp_path / "shard_2").iterdir()) == [hs.MANIFEST]
+    assert sorted(p.name for p in (tmp_path / "shard_2").iterdir()) == [hsf.MANIFEST]

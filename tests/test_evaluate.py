@@ -92,7 +92,8 @@ def test_inconsistent_counters_stop_the_evaluation(bad, message):
 
 
 def test_loss_per_epoch_and_benchmarks(tmp_path):
-    from draftline.report import loss_per_epoch, read_benchmarks
+    from draftline.artifacts.metrics import loss_per_epoch
+    from draftline.report import read_benchmarks
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(r) for r in [
@@ -174,20 +175,20 @@ def evaluation(tiny_model, tmp_path_factory):
     oracle = _oracle_draft(untrained, tmp / "oracle", token)
 
     readings, engines = [], []
-    real_get_metrics, real_create = vllm.LLM.get_metrics, ev.create_llm
+    real_get_metrics, real_create = vllm.LLM.get_metrics, ev.engine_for
 
     def get_metrics(self):
         metrics = real_get_metrics(self)
         readings.append(metrics)
         return metrics
 
-    def create_llm(target, settings, draft=None):
+    def engine_for(target, settings, draft=None):
         engines.append(draft)
         return real_create(target, settings, draft)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm.LLM, "get_metrics", get_metrics)
-        mp.setattr(ev, "create_llm", create_llm)
+        mp.setattr(ev, "engine_for", engine_for)
         summary = ev.evaluate(
             tiny_model, {"test": heldout, "mine": mine}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
@@ -295,7 +296,7 @@ def test_baseline_is_measured_in_the_same_run(evaluation):
     assert len(result["checkpoints"]["trained"]["model_sha256"]) == 64
     assert result["lossless"] is True and result == evaluation["summary"]
     assert result["headline_set"] == "test"
-    from draftline.prompts import conversation_id
+    from draftline.sources import conversation_id
 
     assert result["sets"]["test"]["prompt_ids"] == [
         conversation_id([{"role": "user", "content": p}]) for p in evaluation["prompts"]
@@ -328,13 +329,11 @@ def _fabricate_results(workdir: Path) -> None:
     import torch
 
     r = workdir / "results"
-    run_dir = r / "checkpoint" / "runs" / "abc"
-    run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
+    (r / "checkpoint" / "final").mkdir(parents=True)
+    (r / "checkpoint" / "final" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
         {"epoch": 0, "global_step": 0, "train": {"loss": 2.0}}, {"epoch": 0, "val": {"loss_epoch": 1.8}},
         {"epoch": 1, "global_step": 1, "train": {"loss": 1.2}}, {"epoch": 1, "val": {"loss_epoch": 1.4}},
     ]))  # fmt: skip
-    (r / "checkpoint" / "final").mkdir()
     (r / "checkpoint" / "final" / "draftline_provenance.json").write_text(
         json.dumps({"run_dir": "results/checkpoint/runs/abc", "chosen_epoch": 1, "val_loss_per_epoch": {"0": 1.8, "1": 1.4}})
     )

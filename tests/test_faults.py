@@ -20,7 +20,8 @@ import yaml
 from safetensors.torch import save_file
 
 from draftline import hidden_states as hs
-from draftline.checks import validate_hidden_states
+from draftline.artifacts import hidden_states as hsf
+from draftline.artifacts.hidden_states import validate_hidden_states
 from workflow import REPO, planned_jobs, snakemake, write_config
 
 CONVERSATIONS = [
@@ -223,24 +224,24 @@ def test_corrupted_hidden_state_file_reruns_only_its_shard(tokenized, tmp_path):
     ids = load_from_disk(str(dataset)).with_format(None)["input_ids"]
     root = workdir / "results/hidden_states"
     for k in range(2):
-        rows = hs.shard_rows(len(ids), k, 2)
+        rows = hsf.shard_rows(len(ids), k, 2)
         (root / f"shard_{k}").mkdir()
         for r in rows:
             save_file({"hidden_states": torch.randn(len(ids[r]), 4, 128), "token_ids": torch.tensor(ids[r])},
-                      str(root / f"shard_{k}" / hs.file_name(r)))
-        (root / f"shard_{k}" / hs.MANIFEST).write_text(json.dumps({
+                      str(root / f"shard_{k}" / hsf.file_name(r)))
+        (root / f"shard_{k}" / hsf.MANIFEST).write_text(json.dumps({
             "row_start": rows.start, "row_stop": rows.stop, "dataset_rows": len(ids),
             "dataset_fingerprint": "fp", "layer_ids": {"extracted": [2, 4, 5, 8]}, "dtype": "float32"}))
-    hs.build_view([root / "shard_0", root / "shard_1"], root / "all")
+    hs.build_training_view([root / "shard_0", root / "shard_1"], root / "all")
     snakemake(workdir, "--touch", "--cores", "1", "results/hidden_states/all")
     assert planned_jobs(workdir, "results/hidden_states/all") == {}
     assert validate_hidden_states(dataset, root / "all", 4, 128, dtype="float32") == sum(map(len, ids))
 
-    row = hs.shard_rows(len(ids), 1, 2).start
+    row = hsf.shard_rows(len(ids), 1, 2).start
     bad = torch.randn(len(ids[row]), 4, 128)
     bad[0, 0, 0] = float("nan")
-    save_file({"hidden_states": bad, "token_ids": torch.tensor(ids[row])}, str(root / "shard_1" / hs.file_name(row)))
-    with pytest.raises(hs.HiddenStateFileError, match=rf"hs_{row}.safetensors \(dataset row {row}\).*non-finite.*removed .*shard_1"):
+    save_file({"hidden_states": bad, "token_ids": torch.tensor(ids[row])}, str(root / "shard_1" / hsf.file_name(row)))
+    with pytest.raises(hsf.HiddenStateFileError, match=rf"hs_{row}.safetensors \(dataset row {row}\).*non-finite.*removed .*shard_1"):
         validate_hidden_states(dataset, root / "all", 4, 128, remove_bad_shards=True)
     assert planned_jobs(workdir, "results/hidden_states/all") == {"hidden_states_shard": 1, "hidden_states_view": 1}
     assert (root / "shard_0").exists()
@@ -251,8 +252,9 @@ def test_corrupted_hidden_state_file_reruns_only_its_shard(tokenized, tmp_path):
 
 def test_config_loaders_never_run_model_code_by_default(tiny_model, tmp_path):
     """A folder whose config points at its own Python: every loader the stages use refuses it."""
+    from draftline.artifacts.target import dims as target_dims
     from draftline.layers import resolve_layer_ids
-    from draftline.vocab import target_vocab_size
+    from draftline.artifacts.target import vocab_size as target_vocab_size
 
     folder = tmp_path / "remote"
     shutil.copytree(tiny_model, folder)
@@ -261,7 +263,7 @@ def test_config_loaders_never_run_model_code_by_default(tiny_model, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     marker = tmp_path / "remote-code-ran"
     (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    for load in (lambda: resolve_layer_ids("auto", str(folder)), lambda: hs.target_info(folder),
+    for load in (lambda: resolve_layer_ids("auto", str(folder)), lambda: target_dims(folder),
                  lambda: target_vocab_size(folder)):
         with pytest.raises(Exception, match="trust_remote_code"):
             load()

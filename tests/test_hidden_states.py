@@ -14,14 +14,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftline import hidden_states as hs
+from draftline.artifacts import hidden_states as hsf
+from draftline.artifacts.layer_ids import LayerIds
+from draftline.engine import EngineSettings
 from draftline.layers import resolve_layer_ids
 
 NUM_ROWS = 6
 
 
 def _layer_ids(target):
-    ids = resolve_layer_ids("auto", str(target))
-    return {"aux": ids.aux, "extracted": ids.extracted, "num_hidden_layers": ids.num_hidden_layers}
+    return resolve_layer_ids("auto", str(target))
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def extracted(tiny_model, dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("hs")
     manifest = hs.extract_shard(
         dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
-        dtype="float32", threads=1, enforce_eager=True, chunk_rows=4,
+        EngineSettings(dtype="float32", threads=1, enforce_eager=True), rows_per_call=4,
     )
     return root, manifest
 
@@ -54,13 +56,13 @@ def extracted(tiny_model, dataset, tmp_path_factory):
 def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extracted):
     root, manifest = extracted
     _, ids = dataset
-    layers = _layer_ids(tiny_model)["extracted"]
+    layers = _layer_ids(tiny_model).extracted
     shard = root / "shard_0"
     assert sorted(p.name for p in shard.iterdir()) == sorted(
-        [hs.MANIFEST] + [hs.file_name(i) for i in range(NUM_ROWS)]
+        [hsf.MANIFEST] + [hsf.file_name(i) for i in range(NUM_ROWS)]
     )
     for i, row in enumerate(ids):
-        data = load_file(shard / hs.file_name(i))
+        data = load_file(shard / hsf.file_name(i))
         assert data["hidden_states"].shape == (len(row), len(layers), 128)
         assert data["hidden_states"].dtype == torch.float32
         assert data["token_ids"].tolist() == row
@@ -72,9 +74,9 @@ def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extrac
     assert manifest["layer_ids"]["extracted"] == layers
     assert manifest["extracted_rows"] == NUM_ROWS and manifest["tokens_per_s"] > 0
     assert manifest["bytes"] == sum(
-        (shard / hs.file_name(i)).stat().st_size for i in range(NUM_ROWS)
+        (shard / hsf.file_name(i)).stat().st_size for i in range(NUM_ROWS)
     )
-    assert json.loads((shard / hs.MANIFEST).read_text()) == manifest
+    assert json.loads((shard / hsf.MANIFEST).read_text()) == manifest
     # Nothing is left behind: no lock files, the staging folder is gone.
     assert not list(root.rglob("*.lock"))
     assert not list((root / ".staging").glob("shard_0-*"))
@@ -87,7 +89,7 @@ def test_states_match_transformers_forward(tiny_model, dataset, extracted):
 
     root, _ = extracted
     _, ids = dataset
-    layers = _layer_ids(tiny_model)["extracted"]
+    layers = _layer_ids(tiny_model).extracted
     n = layers[-1]
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     captured = {}
@@ -96,7 +98,7 @@ def test_states_match_transformers_forward(tiny_model, dataset, extracted):
     )
     try:
         for i in (0, 3, 5):
-            got = load_file(root / "shard_0" / hs.file_name(i))["hidden_states"]
+            got = load_file(root / "shard_0" / hsf.file_name(i))["hidden_states"]
             with torch.no_grad():
                 ref = model(torch.tensor([ids[i]]), output_hidden_states=True).hidden_states
             for j, layer in enumerate(layers[:-1]):
@@ -116,28 +118,28 @@ def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_
     from datasets import load_from_disk
 
     key = hs.staging_key(
-        tiny_model, _layer_ids(tiny_model)["extracted"], load_from_disk(str(path))._fingerprint, "float32"
+        tiny_model, _layer_ids(tiny_model).extracted, load_from_disk(str(path))._fingerprint, "float32"
     )
     staging = tmp_path / ".staging" / f"shard_0-{key}"
     staging.mkdir(parents=True)
     for i in (0, 1, 2, 4):
-        shutil.copy(root / "shard_0" / hs.file_name(i), staging / hs.file_name(i))
+        shutil.copy(root / "shard_0" / hsf.file_name(i), staging / hsf.file_name(i))
     # Row 3: truncated by the kill. Row 5: missing. A folder from other settings is dropped.
-    blob = (root / "shard_0" / hs.file_name(3)).read_bytes()
-    (staging / hs.file_name(3)).write_bytes(blob[: len(blob) // 2])
+    blob = (root / "shard_0" / hsf.file_name(3)).read_bytes()
+    (staging / hsf.file_name(3)).write_bytes(blob[: len(blob) // 2])
     other = tmp_path / ".staging" / "shard_0-0000000000000000"
     other.mkdir()
-    inodes = {i: (staging / hs.file_name(i)).stat().st_ino for i in (0, 1, 2, 4)}
+    inodes = {i: (staging / hsf.file_name(i)).stat().st_ino for i in (0, 1, 2, 4)}
 
     manifest = hs.extract_shard(
         path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
-        dtype="float32", threads=1, enforce_eager=True,
+        EngineSettings(dtype="float32", threads=1, enforce_eager=True),
     )
     assert manifest["reused_rows"] == 4 and manifest["extracted_rows"] == 2
     for i, ino in inodes.items():
-        assert (tmp_path / "shard_0" / hs.file_name(i)).stat().st_ino == ino
+        assert (tmp_path / "shard_0" / hsf.file_name(i)).stat().st_ino == ino
     for i in range(NUM_ROWS):
-        hs.validate_hidden_state_file(tmp_path / "shard_0" / hs.file_name(i), ids[i], 4, 128, row=i)
+        hsf.validate_hidden_state_file(tmp_path / "shard_0" / hsf.file_name(i), ids[i], 4, 128, row=i)
     assert not other.exists() and not staging.exists()
 
 
@@ -157,40 +159,40 @@ def test_validation_catches_broken_files(tmp_path):
     ids = [5, 6, 7, 8]
     good = tmp_path / "hs_7.safetensors"
     _write(good, torch.randn(4, 3, 16), ids)
-    assert hs.validate_hidden_state_file(good, ids, 3, 16, row=7) == 4
+    assert hsf.validate_hidden_state_file(good, ids, 3, 16, row=7) == 4
 
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(good.read_bytes()[:-10])
-    with pytest.raises(hs.HiddenStateFileError, match=r"truncated.safetensors \(dataset row 7\).*cannot be opened"):
-        hs.validate_hidden_state_file(truncated, ids, 3, 16, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="missing"):
-        hs.validate_hidden_state_file(tmp_path / "absent.safetensors", ids, 3, 16, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="first difference at position 2"):
-        hs.validate_hidden_state_file(good, [5, 6, 9, 8], 3, 16, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="token ids differ"):
-        hs.validate_hidden_state_file(good, ids[:3], 3, 16, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="3 extracted layers|4 extracted layers"):
-        hs.validate_hidden_state_file(good, ids, 4, 16, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="expected"):
-        hs.validate_hidden_state_file(good, ids, 3, 32, row=7)
-    with pytest.raises(hs.HiddenStateFileError, match="dtype"):
-        hs.validate_hidden_state_file(good, ids, 3, 16, row=7, dtype="bfloat16")
+    with pytest.raises(hsf.HiddenStateFileError, match=r"truncated.safetensors \(dataset row 7\).*cannot be opened"):
+        hsf.validate_hidden_state_file(truncated, ids, 3, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="missing"):
+        hsf.validate_hidden_state_file(tmp_path / "absent.safetensors", ids, 3, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="first difference at position 2"):
+        hsf.validate_hidden_state_file(good, [5, 6, 9, 8], 3, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="token ids differ"):
+        hsf.validate_hidden_state_file(good, ids[:3], 3, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="3 extracted layers|4 extracted layers"):
+        hsf.validate_hidden_state_file(good, ids, 4, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="expected"):
+        hsf.validate_hidden_state_file(good, ids, 3, 32, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="dtype"):
+        hsf.validate_hidden_state_file(good, ids, 3, 16, row=7, dtype="bfloat16")
     for bad_value in (float("nan"), float("inf")):
         bad = tmp_path / "bad.safetensors"
         hidden = torch.randn(4, 3, 16)
         hidden[2, 1, 5] = bad_value
         _write(bad, hidden, ids)
-        with pytest.raises(hs.HiddenStateFileError, match="non-finite"):
-            hs.validate_hidden_state_file(bad, ids, 3, 16, row=7)
+        with pytest.raises(hsf.HiddenStateFileError, match="non-finite"):
+            hsf.validate_hidden_state_file(bad, ids, 3, 16, row=7)
     short = tmp_path / "short.safetensors"
     _write(short, torch.randn(3, 3, 16), ids)
-    with pytest.raises(hs.HiddenStateFileError, match="doesn't match num tokens"):
-        hs.validate_hidden_state_file(short, ids, 3, 16, row=7)
+    with pytest.raises(hsf.HiddenStateFileError, match="doesn't match num tokens"):
+        hsf.validate_hidden_state_file(short, ids, 3, 16, row=7)
 
 
 @pytest.mark.parametrize("num_rows,n", [(10, 3), (2, 5), (0, 2), (7, 1), (100, 7)])
 def test_shards_cover_every_row_once(num_rows, n):
-    ranges = [hs.shard_rows(num_rows, k, n) for k in range(n)]
+    ranges = [hsf.shard_rows(num_rows, k, n) for k in range(n)]
     rows = [r for rg in ranges for r in rg]
     assert rows == list(range(num_rows))
     sizes = [len(rg) for rg in ranges]
@@ -199,16 +201,16 @@ def test_shards_cover_every_row_once(num_rows, n):
 
 def test_shard_index_out_of_range():
     with pytest.raises(ValueError, match="shard 3 of 3"):
-        hs.shard_rows(10, 3, 3)
+        hsf.shard_rows(10, 3, 3)
 
 
 def _fake_shard(root, k, n, num_rows, extracted=(2, 4)):
     d = root / f"shard_{k}"
     d.mkdir()
-    rows = hs.shard_rows(num_rows, k, n)
+    rows = hsf.shard_rows(num_rows, k, n)
     for r in rows:
-        _write(d / hs.file_name(r), torch.zeros(2, len(extracted), 8), [1, 2])
-    (d / hs.MANIFEST).write_text(json.dumps({
+        _write(d / hsf.file_name(r), torch.zeros(2, len(extracted), 8), [1, 2])
+    (d / hsf.MANIFEST).write_text(json.dumps({
         "row_start": rows.start, "row_stop": rows.stop, "dataset_rows": num_rows,
         "dataset_fingerprint": "fp", "layer_ids": {"extracted": list(extracted)}, "dtype": "float32",
     }))
@@ -217,16 +219,16 @@ def _fake_shard(root, k, n, num_rows, extracted=(2, 4)):
 
 def test_view_links_every_row_once(tmp_path):
     shards = [_fake_shard(tmp_path, k, 3, 8) for k in range(3)]
-    hs.build_view(shards, tmp_path / "all")
+    hs.build_training_view(shards, tmp_path / "all")
     links = sorted((tmp_path / "all").glob("hs_*.safetensors"), key=lambda p: int(p.stem[3:]))
-    assert [p.name for p in links] == [hs.file_name(i) for i in range(8)]
+    assert [p.name for p in links] == [hsf.file_name(i) for i in range(8)]
     for p in links:
         assert p.is_symlink() and not os.path.isabs(os.readlink(p))
         assert load_file(p)["token_ids"].tolist() == [1, 2]
     # The links stay valid when results/ moves as a whole.
     shutil.move(tmp_path, tmp_path.parent / "moved")
     try:
-        assert load_file(tmp_path.parent / "moved" / "all" / hs.file_name(7))["token_ids"].tolist() == [1, 2]
+        assert load_file(tmp_path.parent / "moved" / "all" / hsf.file_name(7))["token_ids"].tolist() == [1, 2]
     finally:
         shutil.move(tmp_path.parent / "moved", tmp_path)
 
@@ -234,15 +236,15 @@ def test_view_links_every_row_once(tmp_path):
 def test_view_rejects_missing_and_duplicate_rows(tmp_path):
     s0 = _fake_shard(tmp_path, 0, 2, 6)
     with pytest.raises(ValueError, match="3 of 6 dataset rows are in no shard"):
-        hs.build_view([s0], tmp_path / "all")
+        hs.build_training_view([s0], tmp_path / "all")
     with pytest.raises(ValueError, match="dataset row 0 is in two shards"):
-        hs.build_view([s0, s0], tmp_path / "all")
+        hs.build_training_view([s0, s0], tmp_path / "all")
     s1 = _fake_shard(tmp_path, 1, 2, 6, extracted=(1, 4))
     with pytest.raises(ValueError, match="another dataset or layer setting"):
-        hs.build_view([s0, s1], tmp_path / "all")
-    (s0 / hs.file_name(1)).unlink()
+        hs.build_training_view([s0, s1], tmp_path / "all")
+    (s0 / hsf.file_name(1)).unlink()
     with pytest.raises(FileNotFoundError, match="hs_1.safetensors is missing"):
-        hs.build_view([s0], tmp_path / "all")
+        hs.build_training_view([s0], tmp_path / "all")
     assert not (tmp_path / "all").exists()
 
 
@@ -254,9 +256,9 @@ def test_trainer_reads_the_view(dataset, extracted):
     root, _ = extracted
     path, ids = dataset
     view = root / "all"
-    hs.build_view([root / "shard_0"], view)
+    hs.build_training_view([root / "shard_0"], view)
     assert len(list(view.glob("hs_*.safetensors"))) == NUM_ROWS
-    assert os.readlink(view / hs.file_name(0)) == os.path.join("..", "shard_0", hs.file_name(0))
+    assert os.readlink(view / hsf.file_name(0)) == os.path.join("..", "shard_0", hsf.file_name(0))
     data = ArrowDataset(
         max_len=256, datapath=str(path), transfer=FileTransfer(view), on_missing="raise",
         hidden_states_dtype=torch.float32,
@@ -268,7 +270,10 @@ def test_trainer_reads_the_view(dataset, extracted):
         assert item["verifier_last_hidden_states"].shape == (len(ids[i]), 128)
 
 
-def test_layer_ids_from_another_target_are_rejected(tiny_model):
-    info = hs.target_info(tiny_model)
+def test_layer_ids_from_another_target_are_rejected(tiny_model, tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"input_ids": [[1, 2, 3]]}).save_to_disk(str(tmp_path / "dataset"))
     with pytest.raises(ValueError, match="rerun the layer_ids rule"):
-        hs.check_layer_ids({"aux": [2], "extracted": [2, 30], "num_hidden_layers": 30}, info)
+        hs.extract_shard(tmp_path / "dataset", tiny_model, LayerIds(aux=[2], num_hidden_layers=30), 0, 1,
+                         tmp_path / "shard_0")

@@ -7,13 +7,14 @@ import torch
 from safetensors.torch import load_file
 
 from draftline import hidden_states as hs
-from draftline.hidden_states_hf import batches
+from draftline.artifacts import hidden_states as hsf
+from draftline.backends.transformers import batches
+from draftline.engine import EngineSettings
 from draftline.layers import resolve_layer_ids
 
 
 def _layer_ids(target):
-    ids = resolve_layer_ids("auto", str(target))
-    return {"aux": ids.aux, "extracted": ids.extracted, "num_hidden_layers": ids.num_hidden_layers}
+    return resolve_layer_ids("auto", str(target))
 
 
 def _dataset(target, folder, lengths):
@@ -32,25 +33,24 @@ def _dataset(target, folder, lengths):
 def _assert_parity(target, tmp_path, lengths, *, batch_tokens, atol, rtol):
     dataset, ids = _dataset(target, tmp_path, lengths)
     layers = _layer_ids(target)
-    common = {"dtype": "float32", "threads": 2, "chunk_rows": 4}
-    vllm = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "vllm" / "shard_0",
-                            enforce_eager=True, **common)
+    engine = EngineSettings(dtype="float32", threads=2, enforce_eager=True)
+    vllm = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "vllm" / "shard_0", engine, rows_per_call=4)
     # A small token budget: several padded batches of mixed lengths.
-    hf = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "hf" / "shard_0",
-                          backend="transformers", batch_tokens=batch_tokens, **common)
+    hf = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "hf" / "shard_0", engine, rows_per_call=4,
+                          backend="transformers", options={"batch_tokens": batch_tokens})
     assert hf["backend"] == "transformers" and vllm["backend"] == "vllm"
     assert hf["tokens"] == vllm["tokens"] == sum(lengths)
     assert sorted(p.name for p in (tmp_path / "hf" / "shard_0").iterdir()) == sorted(
         p.name for p in (tmp_path / "vllm" / "shard_0").iterdir()
     )
-    n = len(layers["extracted"])
+    n = len(layers.extracted)
     for row, row_ids in enumerate(ids):
-        a = load_file(tmp_path / "vllm" / "shard_0" / hs.file_name(row))
-        b = load_file(tmp_path / "hf" / "shard_0" / hs.file_name(row))
+        a = load_file(tmp_path / "vllm" / "shard_0" / hsf.file_name(row))
+        b = load_file(tmp_path / "hf" / "shard_0" / hsf.file_name(row))
         assert b["token_ids"].tolist() == a["token_ids"].tolist() == row_ids
         assert b["hidden_states"].shape == a["hidden_states"].shape == (len(row_ids), n, a["hidden_states"].shape[2])
         assert b["hidden_states"].dtype == a["hidden_states"].dtype == torch.float32
-        for j, layer in enumerate(layers["extracted"]):
+        for j, layer in enumerate(layers.extracted):
             torch.testing.assert_close(
                 b["hidden_states"][:, j], a["hidden_states"][:, j], atol=atol, rtol=rtol,
                 msg=lambda m, row=row, layer=layer: f"row {row}, layer id {layer}: {m}",

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.prompts import PromptError, build_prompts, check_sources, collect_prompts, source_files
+from draftline.prompts import build_prompts, collect_prompts
+from draftline.sources import PromptError, check_sources, source_files
 
 DATA = Path(__file__).parent / "data" / "prompts"
 MESSAGES, SHAREGPT, PROMPT, ROWS_JSON = (
@@ -322,7 +323,7 @@ def test_held_out_sets_leaving_no_training_rows_is_an_error(tmp_path):
 
 
 def test_first_turns_of_a_prompt_set_in_any_format(tmp_path):
-    from draftline.prompts import read_first_turns
+    from draftline.sources import read_first_turns
 
     path = write(tmp_path, jsonl(
         {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi?"},

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from draftline.regenerate import RegenerateSettings, create_llm, parse_conversation, regenerate
+from draftline.engine import target_llm
+from draftline.regenerate import RegenerateSettings, parse_conversation, regenerate
 
 SETTINGS = RegenerateSettings(max_new_tokens=6, max_model_len=160, enforce_eager=True, threads=1)
 
@@ -64,7 +65,7 @@ class RecordingLLM:
 
 @pytest.fixture(scope="module")
 def llm(tiny_model):
-    engine = create_llm(tiny_model, SETTINGS)
+    engine = target_llm(tiny_model, SETTINGS)
     yield engine
     del engine
 
@@ -153,7 +154,7 @@ def test_embedded_target_trained_tokens_are_exactly_what_it_generated(tmp_path_f
     rows.append(ROWS[0])  # multi-turn with a system prompt
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = RegenerateSettings(max_new_tokens=24, max_model_len=512, threads=1)
-    recorder = RecordingLLM(create_llm(target, settings))
+    recorder = RecordingLLM(target_llm(target, settings))
     regenerate(target, prompts, folder / "conv.jsonl", folder / "regen.json", settings, llm=recorder)
     summary = tokenize(target, folder / "conv.jsonl", folder / "ds", folder / "freq.pt", folder / "tok.json", TokenizeSettings(max_seq_len=512))
 

@@ -20,9 +20,10 @@ def test_config_folder_loads_back_with_the_configured_fields(tiny_model, layer_i
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.utils.loading import is_config_only_dir
 
+    from draftline.algorithms import DraftSettings
     from draftline.speculator_config import write_speculator_config
 
-    out = write_speculator_config(tmp_path / "config", tiny_model, layer_ids, 64, num_layers=2, ttt_steps=4)
+    out = write_speculator_config(tmp_path / "config", tiny_model, layer_ids, 64, DraftSettings(num_layers=2, ttt_steps=4))
     assert [p.name for p in out.iterdir()] == ["config.json"]
     assert is_config_only_dir(out)  # `speculators train --from-pretrained` initialises fresh weights
     config = Eagle3SpeculatorConfig.from_pretrained(out)
@@ -43,10 +44,13 @@ def test_config_matches_what_speculators_train_builds(tiny_model):
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import create_transformer_layer_config
 
-    from draftline.speculator_config import build_speculator_config, resolve_train_args
+    from draftline.algorithms import DraftSettings
+    from draftline.algorithms.eagle3 import resolve_train_args
+    from draftline.speculator_config import build_speculator_config
 
-    ours = build_speculator_config(tiny_model, AUX, 64, num_layers=1, ttt_steps=3)
-    args = resolve_train_args(str(tiny_model), AUX, 64, 1, 3, False)
+    settings = DraftSettings(num_layers=1, ttt_steps=3)
+    ours = build_speculator_config(tiny_model, AUX, 64, settings)
+    args = resolve_train_args(str(tiny_model), AUX, 64, settings, "eagle3", False)
     layer = create_transformer_layer_config(
         str(tiny_model), 1, args["draft_arch"], args["draft_hidden_act"], args["sliding_window"],
         args["full_attention_indices"],

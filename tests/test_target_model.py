@@ -486,7 +486,7 @@ def test_default_prompts_match_their_generator(tmp_path):
 
 
 def test_default_prompts_are_valid_and_distinct():
-    from draftline.prompts import normalize_row
+    from draftline.sources import normalize_row
 
     lines = (PROMPTS_DIR / "default.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

@@ -106,7 +106,7 @@ def train_inputs(tiny_model, tmp_path_factory):
     vocab = root / "vocab"
     write_vocab(root / "tokenized" / "token_freq.pt", tiny_model, DRAFT_VOCAB,
                 vocab / "d2t.npy", vocab / "t2d.npy", vocab / "summary.json")  # fmt: skip
-    write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", DRAFT_VOCAB, num_layers=1)
+    write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", DRAFT_VOCAB)
     return TrainInputs(
         config_dir=root / "config",
         dataset=root / "tokenized" / "dataset",

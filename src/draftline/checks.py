@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,27 +83,35 @@ def check_config(config: dict, shape: TargetShape | None) -> None:
         )
     if shape is None:
         return
-    n = shape.num_hidden_layers
     if hs["layer_ids"] != "auto":
-        bad = [i for i in hs["layer_ids"] if not 1 <= int(i) < n]
-        if bad:
-            raise ConfigError(
-                f"hidden_states.layer_ids = {list(hs['layer_ids'])}: {bad} out of range; the target "
-                f"has {n} layers ({shape.source}), so aux layer ids lie within 1..{n - 1} (the last "
-                f"layer, {n}, is always captured as well)"
-            )
-    draft_vocab = config["vocab"]["draft_vocab_size"]
-    if draft_vocab > shape.vocab_size:
-        raise ConfigError(
-            f"vocab.draft_vocab_size = {draft_vocab} is larger than the target's vocabulary of "
-            f"{shape.vocab_size} tokens ({shape.source}); set it to at most {shape.vocab_size}"
-        )
+        check_aux_layer_ids(hs["layer_ids"], shape.num_hidden_layers, shape.source)
+    check_draft_vocab(config["vocab"]["draft_vocab_size"], shape.vocab_size, shape.source)
     max_seq_len = config["tokenize"]["max_seq_len"]
     if shape.max_position_embeddings and max_seq_len > shape.max_position_embeddings:
         raise ConfigError(
             f"tokenize.max_seq_len = {max_seq_len} is above the target's maximum of "
             f"{shape.max_position_embeddings} positions (max_position_embeddings in "
             f"{shape.source}); set it to at most {shape.max_position_embeddings}"
+        )
+
+
+def check_aux_layer_ids(aux: list[int], num_hidden_layers: int, source: str) -> None:
+    """Aux layer ids a target of this depth has: distinct, within 1..n-1 (n is added as the last)."""
+    n = num_hidden_layers
+    bad = [i for i in aux if not 1 <= int(i) < n]
+    if bad or len(set(aux)) != len(aux):
+        raise ConfigError(
+            f"hidden_states.layer_ids = {list(aux)}: {f'{bad} out of range' if bad else 'ids repeat'}; the target has {n} layers "
+            f"({source}), so aux layer ids are distinct and lie within 1..{n - 1} (the last layer, "
+            f"{n}, is always captured as well)"
+        )
+
+
+def check_draft_vocab(draft_vocab_size: int, target_vocab_size: int, source: str) -> None:
+    if draft_vocab_size > target_vocab_size:
+        raise ConfigError(
+            f"vocab.draft_vocab_size = {draft_vocab_size} is larger than the target's vocabulary of "
+            f"{target_vocab_size} tokens ({source}); set it to at most {target_vocab_size}"
         )
 
 
@@ -116,69 +122,3 @@ def check_rows_for_shards(rows: int, shards: int, where: str) -> None:
             f"hidden_states.shards = {shards} but {where} has only {rows} conversations, so "
             f"{shards - rows} shard(s) would be empty; set hidden_states.shards to at most {rows}"
         )
-
-
-# --- hidden-state files before training ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BadFile:
-    row: int
-    path: Path
-    shard: Path | None  # the published shard folder holding it (the link's target's folder)
-    reason: str
-
-
-def validate_hidden_states(
-    dataset_dir: str | Path,
-    hidden_states_dir: str | Path,
-    n_layers: int,
-    hidden_size: int,
-    *,
-    dtype: str | None = None,
-    remove_bad_shards: bool = False,
-) -> int:
-    """Check every dataset row's file (open, token ids, shape, dtype, finite); return the tokens.
-
-    Reads every file once (about as long as one training epoch's reads). On failure raises
-    HiddenStateFileError naming each bad file and its reason. With `remove_bad_shards` the shard
-    folders holding bad files are deleted with the view (`hidden_states_dir`, a folder of links),
-    so the next run re-extracts those shards and rebuilds the view, nothing else.
-    """
-    from datasets import load_from_disk
-
-    from draftline.hidden_states import HiddenStateFileError, file_name, validate_hidden_state_file
-
-    folder = Path(hidden_states_dir)
-    rows = load_from_disk(str(dataset_dir)).with_format(None)["input_ids"]
-    bad: list[BadFile] = []
-    tokens = 0
-    for row, ids in enumerate(rows):
-        path = folder / file_name(row)
-        try:
-            tokens += validate_hidden_state_file(path, ids, n_layers, hidden_size, row=row, dtype=dtype)
-        except HiddenStateFileError as err:
-            shard = Path(os.path.realpath(path)).parent if path.is_symlink() else None
-            bad.append(BadFile(row, path, shard, str(err)))
-    if not bad:
-        log.info("%s: %d files, %d tokens, all valid", folder, len(rows), tokens)
-        return tokens
-    shards = sorted({b.shard for b in bad if b.shard is not None})
-    if remove_bad_shards and shards:
-        # The view goes too: Snakemake does not rebuild a missing input of an existing output,
-        # so with the view gone the next run plans the view and the removed shards only.
-        for removed in [*shards, folder]:
-            shutil.rmtree(removed, ignore_errors=True)
-    first = "; ".join(b.reason for b in bad[:3])
-    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-    if shards and remove_bad_shards:
-        fix = (f"removed {', '.join(map(str, shards))} and the view {folder}; run the workflow "
-               "again to re-extract only those shards")
-    elif shards:
-        fix = (f"delete {', '.join(map(str, shards))} and the view {folder}, then run the workflow "
-               "again to re-extract only those shards")
-    else:
-        fix = "rerun the hidden_states steps"
-    raise HiddenStateFileError(
-        f"{len(bad)} of {len(rows)} hidden-state files are unusable: {first}{more}; {fix}"
-    )

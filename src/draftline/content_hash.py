@@ -87,3 +87,51 @@ def digest_folder(folder: str | Path, cache: HashCache | None = None, skip: Iter
         if p.is_file() and p.name not in skip and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     ]
     return digest_files(files, cache)
+
+
+# Files and folders up to this many bytes are fingerprinted by content; bigger ones (model
+# weights, hidden-state shards) by each file's relative path, size and mtime, which is cheap
+# and still changes whenever a file is rewritten.
+HASH_LIMIT = 64 * 2**20
+
+
+def _stat_digest(files: Iterable[tuple[str, Path]]) -> str:
+    digest = hashlib.sha256()
+    for rel, path in files:
+        st = path.stat()  # follows symlinks (the training view's links to shard files)
+        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def fingerprint(path: str | Path, limit: int = HASH_LIMIT, skip: Iterable[str] = ()) -> dict:
+    """The one fingerprint of a file or folder (symlinks followed) that provenance, training run
+    keys and staging keys use: {"sha256": ...} of the content up to `limit` bytes, {"stat": ...}
+    of names, sizes and mtimes above it; {"missing": True} when absent. `digest(...)` is the
+    hash alone."""
+    path = Path(path)
+    if not path.exists():
+        return {"path": str(path), "missing": True}
+    if path.is_file():
+        size = path.stat().st_size
+        if size <= limit:
+            return {"path": str(path), "bytes": size, "sha256": sha256_file(path)}
+        return {"path": str(path), "bytes": size, "stat": _stat_digest([(path.name, path)])}
+    skip = set(skip)
+    files = sorted(
+        (str(p.relative_to(path)), p) for p in path.rglob("*") if p.is_file() and p.name not in skip
+    )
+    total = sum(p.stat().st_size for _, p in files)
+    out = {"path": str(path), "files": len(files), "bytes": total}
+    if total <= limit:
+        digest = hashlib.sha256()
+        for rel, p in files:
+            digest.update(f"{rel}\0{sha256_file(p)}\n".encode())
+        out["sha256"] = digest.hexdigest()
+    else:
+        out["stat"] = _stat_digest(files)
+    return out
+
+
+def digest(fp: dict) -> str:
+    """The hash of a `fingerprint` (content or stat)."""
+    return fp.get("sha256") or fp.get("stat") or "missing"

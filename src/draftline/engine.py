@@ -1,12 +1,21 @@
-"""Where the target runs: CUDA when there is a GPU, vLLM's CPU build otherwise.
+"""Every vLLM engine draftline runs: regeneration, hidden-state extraction and evaluation load
+the target here, the same way, and stop it here.
 
-One place decides dtype and the vLLM CPU settings so regeneration, hidden-state extraction
-and evaluation load the target the same way.
+One place decides dtype, eager mode and the vLLM CPU settings, so the stages cannot drift
+apart; a stage adds only what is its own (a speculative config, a KV connector) as
+`engine_args`.
 """
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+from dataclasses import dataclass
+
+from draftline.config_schema import default
+
+log = logging.getLogger(__name__)
 
 
 def has_cuda() -> bool:
@@ -27,6 +36,28 @@ def default_dtype(requested: str = "auto") -> str:
     return dtype_for(requested, has_cuda())
 
 
+def enforce_eager_for(requested: bool | str | None, cuda: bool) -> bool:
+    """"auto" (or None): eager on CPU (torch.compile costs ~60 s of start-up per engine there for
+    no speed-up), compiled on CUDA."""
+    if requested in ("auto", None):
+        return not cuda
+    if not isinstance(requested, bool):
+        raise ValueError(f"enforce_eager must be true, false or 'auto', got {requested!r}")
+    return requested
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a stage loads the target in vLLM (the stages' settings extend this)."""
+
+    max_model_len: int = default("tokenize", "max_seq_len")  # prompt + answer must fit
+    dtype: str = default("target", "dtype")
+    trust_remote_code: bool = default("target", "trust_remote_code")
+    enforce_eager: bool | str | None = None  # None/"auto": see enforce_eager_for
+    seed: int = 0
+    threads: int | None = None  # vLLM CPU threads (the job's)
+
+
 def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 
@@ -45,29 +76,35 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
 
 def target_llm(
     target_dir,
+    settings: EngineSettings,
     *,
-    dtype: str,
-    max_model_len: int,
-    enforce_eager: bool | None,
-    trust_remote_code: bool,
-    seed: int,
-    threads: int | None,
+    gpu_memory_utilization: float | None = None,
     **engine_args,
 ):
-    """The target in a vLLM engine, loaded the same way by regeneration and evaluation.
-
-    `enforce_eager=None` means eager on CPU (torch.compile costs minutes of start-up there for
-    no speed-up) and compiled on CUDA; `engine_args` go to `vllm.LLM` as they are.
-    """
-    configure_vllm_cpu(threads)
+    """The target in a vLLM engine, loaded with `settings`; `engine_args` (a speculative config,
+    a KV connector, stats) go to `vllm.LLM` as they are."""
+    configure_vllm_cpu(settings.threads)
     from vllm import LLM
 
+    cuda = has_cuda()
+    if cuda and gpu_memory_utilization is not None:
+        engine_args["gpu_memory_utilization"] = gpu_memory_utilization
     return LLM(
         model=str(target_dir),
-        dtype=default_dtype(dtype),
-        max_model_len=max_model_len,
-        enforce_eager=not has_cuda() if enforce_eager is None else enforce_eager,
-        trust_remote_code=trust_remote_code,
-        seed=seed,
+        dtype=dtype_for(settings.dtype, cuda),
+        max_model_len=settings.max_model_len,
+        enforce_eager=enforce_eager_for(settings.enforce_eager, cuda),
+        trust_remote_code=settings.trust_remote_code,
+        seed=settings.seed,
         **engine_args,
     )
+
+
+def shutdown(llm) -> None:
+    """Stop the engine's processes now (memory, cores), not at garbage collection, so the next
+    engine of the same job starts on a free machine."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as error:  # noqa: BLE001 - best effort; the process exits anyway
+        log.debug("engine shutdown: %s", error)
+    gc.collect()

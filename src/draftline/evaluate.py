@@ -22,13 +22,17 @@ to the target's own; the first prompt where it is not stops the evaluation (Loss
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from draftline import algorithms
+from draftline.sources import read_first_turns
+from draftline.engine import EngineSettings, shutdown, target_llm
+from draftline.config_schema import default
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +51,13 @@ class LosslessError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class EvaluateSettings:
-    """The `evaluate:` config block, plus how the target is loaded (as in the other stages)."""
+class EvaluateSettings(EngineSettings):
+    """The `evaluate:` config block; the target loads as in the other stages (EngineSettings)."""
 
-    num_speculative_tokens: int = 3
-    max_new_tokens: int = 128
-    max_prompts: int | None = None  # per set
-    seed: int = 0
-    max_model_len: int = 2048  # tokenize.max_seq_len: prompt + answer must fit
-    dtype: str = "auto"
+    num_speculative_tokens: int = default("evaluate", "num_speculative_tokens")
+    max_new_tokens: int = default("evaluate", "max_new_tokens")
+    max_prompts: int | None = default("evaluate", "max_prompts")  # per set
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
-    trust_remote_code: bool = False
-    # None = eager on CPU (torch.compile costs ~60 s per engine there), compiled on CUDA
-    enforce_eager: bool | None = None
-    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,8 +75,6 @@ HEADLINE_SET = "test"
 def read_prompts(path: str | Path, max_prompts: int | None = None) -> list[Prompt]:
     """A prompt set's rows as first-turn chat prompts (system + first user turn, as
     regeneration's turn 1); any format the prompts stage reads."""
-    from draftline.prompts import read_first_turns
-
     rows = read_first_turns(str(path))
     if max_prompts is not None:
         rows = rows[:max_prompts]
@@ -98,28 +93,25 @@ def make_untrained_draft(
     """
     import numpy as np
     import torch
-    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.cli import _build_from_config_only, set_seed
 
     from draftline.atomic import atomic_dir
-    from draftline.train import check_checkpoint
 
+    config = json.loads((Path(config_dir) / "config.json").read_text())
+    algorithm = algorithms.of_config(config, str(Path(config_dir) / "config.json"))
     set_seed(seed)
     d2t_t = torch.from_numpy(np.load(d2t))
     t2d_t = torch.from_numpy(np.load(t2d))
     model = _build_from_config_only(
-        Eagle3DraftModel, str(config_dir), t2d=t2d_t, d2t=d2t_t,
+        algorithm.model_class(), str(config_dir), t2d=t2d_t, d2t=d2t_t,
         verifier_name_or_path=str(target) if target else None,
     )  # fmt: skip
-    tl = model.config.transformer_layer_config
     with atomic_dir(out_dir) as staging:
         model.save_pretrained(str(staging))
-        check_checkpoint(
-            staging, int(d2t_t.shape[0]), int(t2d_t.shape[0]), int(tl.hidden_size),
-            len(model.config.eagle_aux_hidden_state_layer_ids),
-        )  # fmt: skip
+        algorithms.check_checkpoint(staging, algorithm, algorithm.config_facts(config))
         (staging / "draftline_provenance.json").write_text(
-            json.dumps({"untrained": True, "seed": seed, "config": str(config_dir), "d2t": str(d2t), "t2d": str(t2d)}, indent=1) + "\n"
+            json.dumps({"untrained": True, "algorithm": algorithm.name, "seed": seed, "config": str(config_dir),
+                        "d2t": str(d2t), "t2d": str(t2d)}, indent=1) + "\n"
         )  # fmt: skip
     log.info("untrained draft (seed %d) written to %s", seed, out_dir)
     return Path(out_dir)
@@ -195,39 +187,18 @@ def check_lossless(prompts: list[Prompt], reference: list[list[int]], speculativ
         )
 
 
-def create_llm(target_dir: str | Path, settings: EvaluateSettings, draft: str | Path | None = None):
-    """The target in vLLM (as every stage loads it), with `draft` for eagle3 speculation."""
-    from draftline.engine import target_llm
-
+def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | Path | None = None):
+    """The target in vLLM (engine.target_llm), with `draft` served the way its algorithm says,
+    and the counters evaluation reads."""
     extra = {}
     if draft is not None:
-        extra["speculative_config"] = {
-            "method": "eagle3",
-            "model": str(draft),
-            "num_speculative_tokens": settings.num_speculative_tokens,
-        }
+        config = Path(draft) / "config.json"
+        algorithm = algorithms.of_config(json.loads(config.read_text()), str(config))
+        extra["speculative_config"] = algorithm.speculative_config(draft, settings.num_speculative_tokens)
         # per-prompt acceptance, for the spread of each set's figure
         extra["per_request_spec_decode_metrics"] = "summary"
-    return target_llm(
-        target_dir,
-        dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
-        enforce_eager=settings.enforce_eager,
-        trust_remote_code=settings.trust_remote_code,
-        seed=settings.seed,
-        threads=settings.threads,
-        disable_log_stats=False,  # the spec-decode counters are only kept with stats on
-        **extra,
-    )
-
-
-def shutdown_llm(llm) -> None:
-    """Stop the engine processes before the next engine starts (memory, cores)."""
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception as error:  # noqa: BLE001 - best effort; the process exits anyway
-        log.debug("engine shutdown: %s", error)
-    gc.collect()
+    # the spec-decode counters are only kept with stats on
+    return target_llm(target_dir, settings, disable_log_stats=False, **extra)
 
 
 def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
@@ -334,7 +305,7 @@ def evaluate(
     log.info("prompt sets %s; target %s; drafts %s; %s", {n: len(p) for n, p in sets.items()}, target_dir, drafts, settings)
 
     started = time.monotonic()
-    llm = create_llm(target_dir, settings)
+    llm = engine_for(target_dir, settings)
     log.info("target alone: loaded in %.1f s", time.monotonic() - started)
     tokenizer = llm.get_tokenizer()
     skipped = {}
@@ -347,7 +318,7 @@ def evaluate(
             raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
     warm_up(llm, next(iter(sets.values()))[0], chat_template)
     reference = {name: timed_generate(llm, prompts, settings, chat_template) for name, prompts in sets.items()}
-    shutdown_llm(llm)
+    shutdown(llm)
     del llm
     for name, ref in reference.items():
         log.info("%s, target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
@@ -359,7 +330,7 @@ def evaluate(
         weights = Path(checkpoint) / "model.safetensors"
         checkpoints[draft] = {"path": str(checkpoint), "model_sha256": sha256_file(weights) if weights.is_file() else None}
         load_started = time.monotonic()
-        llm = create_llm(target_dir, settings, draft=checkpoint)
+        llm = engine_for(target_dir, settings, draft=checkpoint)
         log.info("%s draft %s: loaded in %.1f s", draft, checkpoint, time.monotonic() - load_started)
         warm_up(llm, next(iter(sets.values()))[0], chat_template)
         for name, prompts in sets.items():
@@ -382,7 +353,7 @@ def evaluate(
                 numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
                 run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
             )  # fmt: skip
-        shutdown_llm(llm)
+        shutdown(llm)
         del llm
 
     per_set = {

@@ -1,10 +1,9 @@
-"""Read, validate, de-duplicate and split the training conversations.
+"""The prompts step: read, validate, de-duplicate and split the training conversations.
 
-Every configured source (JSONL, a `.json` list, or a `datasets.save_to_disk` folder) holds rows
-in one of three shapes: OpenAI `messages` [{role, content}], ShareGPT `conversations`
-[{from, value}], or a plain `prompt` string (with optional `system`, `response`/`completion`).
-Each row becomes `{"id", "source", "messages"}`; the id hashes only the normalized messages, so
-one conversation has one id whatever its source or format, and exact duplicates collapse.
+Every configured source (`draftline.sources`: the formats a user's data comes in) is read row
+by row; each row becomes `{"id", "source", "messages"}` (`draftline.artifacts.conversations`),
+exact duplicates collapse, and the seeded order puts the first rows into the validation and
+test sets.
 
 A bad row is never dropped silently: `on_bad_row="stop"` raises `PromptError` naming
 `file:line`, the reason and the fix; `"skip"` writes it to rejects.jsonl and counts it.
@@ -12,415 +11,28 @@ A bad row is never dropped silently: `on_bad_row="stop"` raises `PromptError` na
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from draftline.artifacts import conversations as conversation_file
 from draftline.atomic import atomic_file
+from draftline.sources import (
+    BadRow,
+    PromptError,
+    SourceStats,
+    check_sources,
+    conversation_id,
+    normalize_row,
+    read_source,
+    row_error,
+)
 
 log = logging.getLogger(__name__)
-
-ROLES = {
-    "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-}
-ROW_FIELDS = ("messages", "conversations", "prompt")
-# Files a datasets.save_to_disk folder holds (a DatasetDict has dataset_dict.json instead).
-_DATASET_MARKERS = ("state.json", "dataset_info.json")
-
-
-class PromptError(ValueError):
-    """A prompt source or row that cannot be used; the message says where and how to fix it."""
-
-
-@dataclass
-class BadRow(Exception):
-    """One unusable row: `code` groups reasons in summary.json, `reason`/`fix` are for people."""
-
-    code: str
-    reason: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.reason} (fix: {self.fix})"
-
-
-@dataclass
-class SourceStats:
-    path: str
-    format: str = ""
-    rows_read: int = 0
-    kept: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    rejected_reasons: Counter = field(default_factory=Counter)
-    train: int = 0
-    validation: int = 0
-    test: int = 0
-
-    def as_dict(self) -> dict:
-        return {
-            "path": self.path,
-            "format": self.format,
-            "rows_read": self.rows_read,
-            "kept": self.kept,
-            "duplicates": self.duplicates,
-            "rejected": self.rejected,
-            "rejected_reasons": dict(sorted(self.rejected_reasons.items())),
-            "train": self.train,
-            "validation": self.validation,
-            "test": self.test,
-        }
-
-
-@dataclass
-class RawRow:
-    """A row as read: `line` is the 1-based line of a JSONL file or the index of an indexed row."""
-
-    line: int
-    text: str
-    value: Any = None
-    error: BadRow | None = None
-
-
-def where(path: str, line: int, indexed: bool) -> str:
-    """`file:7` for a JSONL line, `folder[7]` for row 7 of a dataset or a JSON list."""
-    return f"{path}[{line}]" if indexed else f"{path}:{line}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_dataset_folder(path: Path) -> bool:
-    return any((path / m).is_file() for m in _DATASET_MARKERS)
-
-
-def check_sources(
-    paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop"
-) -> None:
-    """Fail fast (at Snakemake parse time) on a source that is missing, empty or unreadable.
-
-    Cheap: stats each path and, in stop mode, validates the first row of JSONL files so a file
-    in the wrong format fails before any job runs. The full check happens in the prompts job.
-    """
-    seen: set[str] = set()
-    for raw in paths:
-        if raw in seen:
-            raise PromptError(
-                f"prompts.sources lists {raw} twice (fix: list each source once; duplicate "
-                "conversations across different sources are removed automatically)"
-            )
-        seen.add(raw)
-        path = Path(raw)
-        _check_exists(raw, path)
-        if path.is_dir() or _is_json_list(path):
-            continue
-        with contextlib.closing(_read_jsonl(raw, path)) as rows:
-            first = next(rows)  # an all-blank file raises PromptError here
-        if on_bad_row == "stop":
-            try:
-                if first.error:
-                    raise first.error
-                normalize_row(first.value, regenerate_enabled)
-            except BadRow as bad:
-                raise _row_error(raw, first.line, False, bad) from None
-
-
-def source_files(paths: Sequence[str]) -> list[str]:
-    """The files behind the sources, for a rule's input: a dataset folder's own files count,
-    since rewriting them in place does not change the folder's mtime."""
-    files: list[str] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            files.extend(str(p) for p in sorted(path.rglob("*")) if p.is_file())
-        else:
-            files.append(raw)
-    return files
-
-
-def _check_exists(raw: str, path: Path) -> None:
-    if not path.exists():
-        raise PromptError(
-            f"{raw}: prompt source not found (fix: correct the path in prompts.sources; relative "
-            "paths are read from the folder snakemake runs in)"
-        )
-    if path.is_dir():
-        if (path / "dataset_dict.json").is_file():
-            splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
-            raise PromptError(
-                f"{raw}: a DatasetDict with splits {splits}, not one dataset (fix: list the "
-                f"split's folder, e.g. {raw}/{splits[0] if splits else 'train'})"
-            )
-        if not _is_dataset_folder(path):
-            raise PromptError(
-                f"{raw}: a folder that was not written by datasets.save_to_disk (no state.json) "
-                "(fix: point prompts.sources at a JSONL file or a save_to_disk folder)"
-            )
-    elif path.stat().st_size == 0:
-        raise PromptError(f"{raw}: empty file (fix: add conversations or remove it from prompts.sources)")
-
-
-def _is_json_list(path: Path) -> bool:
-    """A .json file holding one list of rows (a .json file of JSON lines is read as JSONL)."""
-    if path.suffix != ".json":
-        return False
-    with path.open("rb") as handle:
-        head = handle.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
-    return head[:1] == b"["
-
-
-def read_source(raw: str) -> tuple[str, bool, Iterator[RawRow]]:
-    """(format, indexed, rows) of one source; file-level problems raise PromptError."""
-    path = Path(raw)
-    _check_exists(raw, path)
-    if path.is_dir():
-        return "dataset", True, _read_dataset(raw, path)
-    if _is_json_list(path):
-        return "json", True, _read_json_list(raw, path)
-    return "jsonl", False, _read_jsonl(raw, path)
-
-
-def _read_jsonl(raw: str, path: Path) -> Iterator[RawRow]:
-    """Streamed line by line, so check_sources can stop after the first row."""
-    empty = True
-    with path.open("rb") as handle:
-        for number, chunk in enumerate(handle, start=1):
-            if number == 1:
-                chunk = chunk.removeprefix(b"\xef\xbb\xbf")
-            if not chunk.strip():
-                continue  # blank lines are not rows
-            empty = False
-            yield _parse_line(number, chunk)
-    if empty:
-        raise PromptError(f"{raw}: empty file, no rows (fix: add conversations or remove it from prompts.sources)")
-
-
-def _parse_line(number: int, chunk: bytes) -> RawRow:
-    try:
-        text = chunk.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return RawRow(
-            number,
-            chunk.decode("utf-8", errors="replace").rstrip("\r\n"),
-            error=BadRow(
-                "not_utf8",
-                f"bytes that are not UTF-8 (0x{chunk[exc.start]:02x} at byte {exc.start + 1} of the line)",
-                "re-save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`",
-            ),
-        )
-    try:
-        return RawRow(number, text.rstrip("\r\n"), json.loads(text))
-    except json.JSONDecodeError as exc:
-        # Only the file's last line can lack its newline: a writer stopped mid-row.
-        if not chunk.endswith(b"\n"):
-            error = BadRow(
-                "truncated_last_line",
-                f"the last line is cut off mid-row ({exc.msg}, column {exc.colno})",
-                "the file was probably truncated while being written: regenerate or repair it",
-            )
-        else:
-            error = BadRow(
-                "malformed_json",
-                f"malformed JSON ({exc.msg}, column {exc.colno})",
-                "each line must be one complete JSON object",
-            )
-        return RawRow(number, text.rstrip("\r\n"), error=error)
-
-
-def _read_json_list(raw: str, path: Path) -> Iterator[RawRow]:
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PromptError(
-            f"{raw}: bytes that are not UTF-8 at byte {exc.start} (fix: re-save the file as UTF-8)"
-        ) from None
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PromptError(
-            f"{raw}:{exc.lineno}: malformed JSON ({exc.msg}, column {exc.colno}) "
-            "(fix: repair the file; a .json source must hold one JSON list of rows)"
-        ) from None
-    if not isinstance(rows, list):
-        raise PromptError(
-            f"{raw}: holds a JSON {type(rows).__name__}, not a list of rows (fix: wrap the rows "
-            "in [...] or write them one per line as .jsonl)"
-        )
-    if not rows:
-        raise PromptError(f"{raw}: empty list, no rows (fix: add conversations or remove it from prompts.sources)")
-    for index, value in enumerate(rows):
-        yield RawRow(index, _dump(value), value)
-
-
-def _read_dataset(raw: str, path: Path) -> Iterator[RawRow]:
-    import datasets
-
-    try:
-        dataset = datasets.load_from_disk(str(path))
-    except Exception as exc:  # datasets raises several types for a damaged folder
-        raise PromptError(
-            f"{raw}: cannot be loaded with datasets.load_from_disk ({exc}) "
-            "(fix: rewrite it with Dataset.save_to_disk)"
-        ) from None
-    if len(dataset) == 0:
-        raise PromptError(f"{raw}: empty dataset, no rows (fix: add conversations or remove it from prompts.sources)")
-    for index, value in enumerate(dataset):
-        yield RawRow(index, _dump(value), value)
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-# ---------------------------------------------------------------------------------------------
-# Rows
-# ---------------------------------------------------------------------------------------------
-
-
-def _get(mapping: dict, *keys: str) -> Any:
-    """The first key present and not None (datasets fills absent columns with None)."""
-    for key in keys:
-        if mapping.get(key) is not None:
-            return mapping[key]
-    return None
-
-
-def normalize_row(value: Any, regenerate_enabled: bool) -> list[dict[str, str]]:
-    """The row's validated messages as [{role, content}] with roles system/user/assistant."""
-    if not isinstance(value, dict):
-        raise BadRow(
-            "not_an_object",
-            f"the row is a JSON {type(value).__name__}, not an object",
-            "write each row as an object with `messages`, `conversations` or `prompt`",
-        )
-    kind = next((key for key in ROW_FIELDS if value.get(key) is not None), None)
-    if kind is None:
-        keys = ", ".join(sorted(value)) or "none"
-        raise BadRow(
-            "unknown_format",
-            f"none of the fields {', '.join(ROW_FIELDS)} (the row has: {keys})",
-            "give the row `messages` [{role, content}], `conversations` [{from, value}] or a `prompt` string",
-        )
-    if kind == "prompt" and not isinstance(value["prompt"], list):
-        # A plain prompt; a list under `prompt` is read as messages (as speculators does).
-        labelled = _prompt_turns(value)
-    else:
-        turns = value[kind]
-        if not isinstance(turns, list):
-            raise BadRow(
-                "not_a_list",
-                f"`{kind}` is a {type(turns).__name__}, not a list of turns",
-                f"make `{kind}` a list of {{role, content}} objects",
-            )
-        labelled = [(f"{kind}[{i}]", turn) for i, turn in enumerate(turns)]
-    messages = [_normalize_turn(at, turn) for at, turn in labelled]
-    _validate_order(kind, messages, regenerate_enabled)
-    return messages
-
-
-def _prompt_turns(value: dict) -> list[tuple[str, dict]]:
-    """(field name, turn) pairs of a plain-prompt row, so errors name the field."""
-    turns = []
-    if value.get("system") is not None:
-        turns.append(("`system`", {"role": "system", "content": value["system"]}))
-    turns.append(("`prompt`", {"role": "user", "content": value["prompt"]}))
-    for key in ("response", "completion"):
-        if value.get(key) is not None:
-            turns.append((f"`{key}`", {"role": "assistant", "content": value[key]}))
-            break
-    return turns
-
-
-def _normalize_turn(at: str, turn: Any) -> dict[str, str]:
-    if not isinstance(turn, dict):
-        raise BadRow(
-            "bad_turn",
-            f"{at} is a {type(turn).__name__}, not an object",
-            "write each turn as {role, content} or {from, value}",
-        )
-    role = _get(turn, "role", "from")
-    content = _get(turn, "content", "value")
-    if role is None:
-        raise BadRow("missing_role", f"{at} has no `role` (or `from`)", "give every turn a role")
-    if not isinstance(role, str) or role.lower() not in ROLES:
-        raise BadRow(
-            "unknown_role",
-            f"{at} has unknown role {role!r}",
-            "use system, user or assistant (ShareGPT: system, human or gpt)",
-        )
-    if content is None:
-        raise BadRow("missing_content", f"{at} has no `content` (or `value`)", "give every turn its text")
-    if not isinstance(content, str):
-        raise BadRow(
-            "bad_content",
-            f"{at} content is a {type(content).__name__}, not a string",
-            "content must be plain text (multimodal parts are not supported)",
-        )
-    if not content.strip():
-        raise BadRow("empty_content", f"{at} has empty content", "fill in the turn's text or remove the turn")
-    return {"role": ROLES[role.lower()], "content": content}
-
-
-def _validate_order(kind: str, messages: list[dict[str, str]], regenerate_enabled: bool) -> None:
-    if not messages:
-        raise BadRow("empty_conversation", f"`{kind}` is empty", "add at least one user turn or remove the row")
-    roles = [m["role"] for m in messages]
-    for i, role in enumerate(roles[1:], start=1):
-        if role == "system":
-            raise BadRow(
-                "system_not_first",
-                f"{kind}[{i}] is a system message after the first turn",
-                "put the one system message first, or merge it into the user turn",
-            )
-    if "user" not in roles:
-        raise BadRow("no_user_turn", "the conversation has no user turn", "add the user's prompt")
-    start = 1 if roles[0] == "system" else 0
-    for i in range(start, len(roles)):
-        expected = "user" if (i - start) % 2 == 0 else "assistant"
-        if roles[i] != expected:
-            raise BadRow(
-                "not_alternating",
-                f"{kind}[{i}] is {roles[i]} where {expected} was expected "
-                "(after an optional system message, turns go user, assistant, user, ...)",
-                "merge consecutive turns of one role, or remove the extra turn",
-            )
-    if not regenerate_enabled and roles[-1] != "assistant":
-        raise BadRow(
-            "no_final_assistant",
-            "the conversation ends with a user turn and regenerate.enabled is false, so there "
-            "is no answer to train on",
-            "add the assistant's answer, or set regenerate.enabled: true to have the target answer",
-        )
-
-
-def conversation_id(messages: list[dict[str, str]]) -> str:
-    """A short, stable hash of the normalized messages (independent of source and format)."""
-    canonical = json.dumps(
-        [[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-
-
-def _row_error(source: str, line: int, indexed: bool, bad: BadRow) -> PromptError:
-    return PromptError(f"{where(source, line, indexed)}: {bad.reason} (fix: {bad.fix})")
-
-
-# ---------------------------------------------------------------------------------------------
-# The step
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -461,7 +73,7 @@ def collect_prompts(
                 messages = normalize_row(raw.value, regenerate_enabled)
             except BadRow as bad:
                 if on_bad_row == "stop":
-                    raise _row_error(source, raw.line, indexed, bad) from None
+                    raise row_error(source, raw.line, indexed, bad) from None
                 st.rejected += 1
                 st.rejected_reasons[bad.code] += 1
                 rejects.append(
@@ -544,13 +156,6 @@ def _log_source(st: SourceStats) -> None:
         )
 
 
-def write_jsonl(path: str | Path, rows: list[dict]) -> None:
-    with atomic_file(path, encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False))
-            out.write("\n")
-
-
 def build_prompts(
     sources: Sequence[str],
     *,
@@ -571,36 +176,13 @@ def build_prompts(
         sources, on_bad_row=on_bad_row, validation=validation, test=test, max_samples=max_samples,
         seed=seed, regenerate_enabled=regenerate_enabled,
     )
-    write_jsonl(prompts_path, result.train)
-    write_jsonl(validation_path, result.validation)
-    write_jsonl(test_path, result.test)
-    write_jsonl(rejects_path, result.rejects)
+    conversation_file.write(prompts_path, result.train)
+    conversation_file.write(validation_path, result.validation)
+    conversation_file.write(test_path, result.test)
+    conversation_file.write(rejects_path, result.rejects)
     with atomic_file(summary_path, encoding="utf-8") as out:
         json.dump(result.summary, out, indent=1, ensure_ascii=False)
         out.write("\n")
     return result.summary
 
 
-def read_first_turns(raw: str) -> list[tuple[str, list[dict[str, str]]]]:
-    """(id, first-turn messages) of every row of a prompt file in any format a source may have:
-    the leading system turns and the first user turn, as regeneration asks its turn 1.
-
-    A bad row stops with file, line and reason (as prompts.on_bad_row: stop does); duplicate
-    conversations are kept once.
-    """
-    _, indexed, raw_rows = read_source(raw)
-    out, seen = [], set()
-    for row in raw_rows:
-        try:
-            if row.error:
-                raise row.error
-            messages = normalize_row(row.value, regenerate_enabled=True)
-        except BadRow as bad:
-            raise _row_error(raw, row.line, indexed, bad) from None
-        row_id = conversation_id(messages)
-        if row_id in seen:
-            continue
-        seen.add(row_id)
-        first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
-        out.append((row_id, messages[: first_user + 1]))
-    return out

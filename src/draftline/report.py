@@ -1,7 +1,7 @@
 """Plots for `snakemake --report`: one function per plot, each reading the artifacts a stage wrote.
 
-- loss per epoch: speculators' metric records (`runs/<key>/metrics.jsonl`, found through
-  final/draftline_provenance.json), train loss averaged over each epoch's steps, val loss as logged
+- loss per epoch: speculators' metric records (`final/metrics.jsonl`, `draftline.artifacts.metrics`),
+  train loss averaged over each epoch's steps, val loss as logged
 - acceptance per position: results/eval/acceptance.json, trained vs untrained draft
 - draft-vocab coverage: share of assistant tokens the first n draft-vocab entries cover
   (token_freq.pt), with the configured size marked (results/vocab/summary.json)
@@ -20,6 +20,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
+
+from draftline.artifacts import metrics  # noqa: E402
+from draftline.artifacts import token_freq as token_freq_file  # noqa: E402
+from draftline.artifacts.hidden_states import read_manifest  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -46,36 +50,13 @@ def _read_json(path: str | Path) -> dict:
 # ---------------------------------------------------------------- training
 
 
-def loss_per_epoch(metrics_path: str | Path) -> dict[int, dict[str, float]]:
-    """epoch (0-based) -> {"train": mean step loss, "val": validation loss (the last logged)}."""
-    steps: dict[int, list[float]] = {}
-    val: dict[int, float] = {}
-    for line in Path(metrics_path).read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        epoch = record.get("epoch")
-        if not isinstance(epoch, int):
-            continue
-        if "train" in record and record["train"].get("loss") is not None:
-            steps.setdefault(epoch, []).append(float(record["train"]["loss"]))
-        elif "val" in record and "loss_epoch" in record["val"]:
-            val[epoch] = float(record["val"]["loss_epoch"])
-    epochs = sorted(set(steps) | set(val))
-    return {
-        e: {k: v for k, v in (("train", sum(steps[e]) / len(steps[e]) if steps.get(e) else None), ("val", val.get(e))) if v is not None}
-        for e in epochs
-    }
-
-
 def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
     provenance = _read_json(Path(final_dir) / "draftline_provenance.json")
-    metrics = Path(provenance["run_dir"]) / "metrics.jsonl"
-    if metrics.exists():
-        losses = loss_per_epoch(metrics)
-    else:  # runs/ was cleaned: the validation losses final/ recorded are all that is left
-        log.warning("%s is missing: plotting the validation loss recorded in final/ only", metrics)
+    records = Path(final_dir) / "metrics.jsonl"
+    if records.exists():
+        losses = metrics.loss_per_epoch(records)
+    else:  # a draft trained before final/ kept its records: the validation losses it recorded
+        log.warning("%s is missing: plotting the validation loss recorded in final/ only", records)
         losses = {int(e): {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for key, style in (("train", "o-"), ("val", "s--")):
@@ -143,10 +124,8 @@ def coverage_curve(token_freq: dict[int, int]) -> list[float]:
 
 
 def plot_vocab_coverage(token_freq_path: str | Path, vocab_summary: str | Path, out: str | Path) -> dict:
-    from draftline.vocab import load_token_freq
-
     summary = _read_json(vocab_summary)
-    curve = coverage_curve(load_token_freq(token_freq_path))
+    curve = coverage_curve(token_freq_file.read(token_freq_path))
     size = int(summary["draft_vocab_size"])
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(
@@ -165,7 +144,7 @@ def plot_vocab_coverage(token_freq_path: str | Path, vocab_summary: str | Path, 
 
 
 def plot_hidden_states_disk(shard_dirs: list[str | Path], out: str | Path) -> list[dict]:
-    manifests = [_read_json(Path(d) / "manifest.json") for d in shard_dirs]
+    manifests = [read_manifest(d) for d in shard_dirs]
     manifests.sort(key=lambda m: m["shard"])
     fig, ax = plt.subplots(figsize=(6, 3.6))
     mib = [m["bytes"] / 2**20 for m in manifests]

@@ -1,10 +1,8 @@
-"""The draft's architecture as a speculators `Eagle3SpeculatorConfig` (config.json only).
+"""The speculator_config step: the draft's architecture as a speculators config (config.json
+only), for the configured draft algorithm (`draftline.algorithms`).
 
-Built the way `speculators train` builds a fresh eagle3 draft: its own flag defaults
-(`TrainConfig`), `create_transformer_layer_config` from the verifier, and the same
-config fields `Eagle3DraftModel.from_training_args` sets, without instantiating weights.
-A folder holding only this config.json is what `speculators train --from-pretrained DIR`
-takes for a fresh init.
+A folder holding only this config.json is what `speculators train --from-pretrained DIR` takes
+for a fresh init; it is read back through speculators before it is published.
 """
 
 from __future__ import annotations
@@ -13,104 +11,42 @@ import json
 import logging
 from pathlib import Path
 
+from draftline import algorithms
+from draftline.algorithms import DraftSettings
+from draftline.artifacts import layer_ids
+from draftline.artifacts.target import vocab_size as target_vocab_size
 from draftline.atomic import atomic_dir
+from draftline.checks import check_draft_vocab
 
 log = logging.getLogger(__name__)
-
-
-def resolve_train_args(
-    target: str,
-    aux_layer_ids: list[int],
-    draft_vocab_size: int,
-    num_layers: int,
-    ttt_steps: int,
-    trust_remote_code: bool,
-) -> dict:
-    """speculators' resolved training arguments for a fresh eagle3 draft (its defaults)."""
-    from speculators.train.config import TrainConfig
-
-    argv = [
-        "--verifier-name-or-path", target,
-        "--speculator-type", "eagle3",
-        "--num-layers", str(num_layers),
-        "--draft-vocab-size", str(draft_vocab_size),
-        "--target-layer-ids", *[str(i) for i in aux_layer_ids],
-        "--ttt-steps", str(ttt_steps),
-    ]  # fmt: skip
-    if trust_remote_code:
-        argv.append("--trust-remote-code")
-    return TrainConfig.resolve(argv).flatten()
 
 
 def build_speculator_config(
     target: str | Path,
     aux_layer_ids: list[int],
     draft_vocab_size: int,
-    num_layers: int = 1,
-    ttt_steps: int = 3,
+    settings: DraftSettings = DraftSettings(),
+    algorithm: str = "eagle3",
     trust_remote_code: bool = False,
 ):
-    """An `Eagle3SpeculatorConfig` for `target` (a local folder or hub id, recorded as given)."""
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-    from speculators.models.utils import resolve_target_layer_ids
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from speculators.train.cli import create_transformer_layer_config
-
-    from draftline.vocab import target_vocab_size
-
+    """The algorithm's speculators config for `target` (a local folder or hub id, recorded as given)."""
     target = str(target)
-    vocab = target_vocab_size(target, trust_remote_code)
-    if draft_vocab_size > vocab:
-        raise ValueError(
-            f"vocab.draft_vocab_size = {draft_vocab_size} is larger than the target's vocabulary "
-            f"({vocab} tokens): lower it in config/config.yaml"
-        )
-    args = resolve_train_args(
-        target, aux_layer_ids, draft_vocab_size, num_layers, ttt_steps, trust_remote_code
-    )
-    layer_config = create_transformer_layer_config(
-        verifier_name_or_path=target,
-        num_layers=args["num_layers"],
-        draft_arch=args["draft_arch"],
-        hidden_act=args["draft_hidden_act"],
-        sliding_window=args["sliding_window"],
-        full_attention_indices=args["full_attention_indices"],
-        mrope_full_head_hack=args["draft_mrope_full_head_hack"],
-        trust_remote_code=trust_remote_code,
-    )
-    # Same fields, same order of precedence as Eagle3DraftModel.from_training_args.
-    return Eagle3SpeculatorConfig(
-        transformer_layer_config=layer_config,
-        draft_vocab_size=draft_vocab_size,
-        norm_before_residual=args["norm_before_residual"],
-        norm_before_fc=args["norm_before_fc"],
-        fc_norm=args["fc_norm"],
-        norm_output=args["norm_output"],
-        embed_requires_grad=args["embed_requires_grad"],
-        eagle_aux_hidden_state_layer_ids=resolve_target_layer_ids(
-            list(aux_layer_ids), target, trust_remote_code=trust_remote_code
-        ),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            # The proposal length vLLM reads as a default: the depth the draft is trained for.
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args["ttt_steps"])],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig.from_pretrained(target),
-        ),
-    )
+    check_draft_vocab(draft_vocab_size, target_vocab_size(target, trust_remote_code), target)
+    return algorithms.get(algorithm).build_config(target, list(aux_layer_ids), draft_vocab_size, settings,
+                                                  trust_remote_code)  # fmt: skip
 
 
-def _essentials(config) -> dict:
+def _essentials(config: dict) -> dict:
     """The fields training and vLLM depend on (transformers versions differ in the rest)."""
-    tl = config.transformer_layer_config
+    algorithm = algorithms.of_config(config, "config.json")
+    tl = config["transformer_layer_config"]
+    sc = config["speculators_config"]
     return {
-        "type": config.speculators_model_type,
-        "draft_vocab_size": config.draft_vocab_size,
-        "aux": config.eagle_aux_hidden_state_layer_ids,
-        "layer": (tl.model_type, tl.num_hidden_layers, tl.hidden_size, tl.vocab_size, tl.head_dim),
-        "verifier": config.speculators_config.verifier.name_or_path,
-        "speculative_tokens": config.speculators_config.proposal_methods[0].speculative_tokens,
+        "type": config["speculators_model_type"],
+        "facts": algorithm.config_facts(config),
+        "layer": (tl.get("model_type"), tl.get("num_hidden_layers"), tl.get("head_dim")),
+        "verifier": sc["verifier"]["name_or_path"],
+        "speculative_tokens": sc["proposal_methods"][0]["speculative_tokens"],
     }
 
 
@@ -119,24 +55,16 @@ def write_speculator_config(
     target: str | Path,
     layer_ids_path: str | Path,
     draft_vocab_size: int,
-    num_layers: int = 1,
-    ttt_steps: int = 3,
+    settings: DraftSettings = DraftSettings(),
+    algorithm: str = "eagle3",
     trust_remote_code: bool = False,
 ) -> Path:
     """Publish `out_dir/config.json` (and nothing else: a config-only folder)."""
-    from speculators.models.eagle3 import Eagle3SpeculatorConfig
-
     # A local target is recorded by absolute path: speculators reloads the verifier (its
     # embeddings, layer count) from config.json at training and load time, from any cwd.
     target = str(Path(target).resolve()) if Path(target).exists() else str(target)
-    layer_ids = json.loads(Path(layer_ids_path).read_text())
-    try:
-        aux = [int(i) for i in layer_ids["aux"]]
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{layer_ids_path}: expected {{'aux': [int, ...], ...}} ({err})") from err
-    config = build_speculator_config(
-        target, aux, draft_vocab_size, num_layers, ttt_steps, trust_remote_code
-    )
+    aux = layer_ids.read(layer_ids_path).aux
+    config = build_speculator_config(target, aux, draft_vocab_size, settings, algorithm, trust_remote_code)
     with atomic_dir(out_dir) as staging:
         config.save_pretrained(staging)
         # transformers copies speculators' own config.py beside it (custom-class export);
@@ -147,20 +75,17 @@ def write_speculator_config(
         if extra:
             raise RuntimeError(f"save_pretrained wrote more than config.json: {extra}")
         # Checked before publishing: speculators must read back what it will train from.
-        loaded = Eagle3SpeculatorConfig.from_pretrained(staging)
-        if _essentials(loaded) != _essentials(config):
+        written = json.loads((staging / "config.json").read_text())
+        loaded = type(config).from_pretrained(staging).to_dict()
+        if _essentials(loaded) != _essentials(written):
             raise RuntimeError(
                 f"speculator config does not round-trip through from_pretrained: wrote "
-                f"{_essentials(config)}, read back {_essentials(loaded)}"
+                f"{_essentials(written)}, read back {_essentials(loaded)}"
             )
-    tl = config.transformer_layer_config
+    facts = algorithms.get(algorithm).config_facts(written)
     log.info(
-        "eagle3 config: %d draft layer(s), hidden %d, draft vocab %d of %d, aux layers %s, verifier %s",
-        tl.num_hidden_layers,
-        tl.hidden_size,
-        config.draft_vocab_size,
-        tl.vocab_size,
-        config.eagle_aux_hidden_state_layer_ids,
-        config.speculators_config.verifier.name_or_path,
-    )
+        "%s config: %d draft layer(s), hidden %d, draft vocab %d of %d, aux layers %s, verifier %s",
+        algorithm, settings.num_layers, facts.hidden_size, facts.draft_vocab_size, facts.target_vocab_size,
+        facts.aux_layer_ids, target,
+    )  # fmt: skip
     return Path(out_dir)

@@ -392,7 +392,7 @@ def write_chat_template(folder: Path, template: str) -> None:
     (folder / "chat_template.jinja").write_text(template)
 
 
-def build_view(source: str | Path, out_dir: str | Path, chat_template: str | Path,
+def build_template_view(source: str | Path, out_dir: str | Path, chat_template: str | Path,
                trust_remote_code: bool = False, record: dict | None = None) -> Path:
     """A folder of symlinks to a local model whose chat template is replaced by `chat_template`.
 
@@ -561,10 +561,10 @@ def build_target(spec: TargetSpec, out_dir: str | Path, *, trust_remote_code: bo
     if spec.kind == "embedded":
         return materialize_embedded(out_dir, spec.chat_template)
     if spec.kind == "local":
-        return build_view(spec.source, out_dir, spec.chat_template, trust_remote_code)
+        return build_template_view(spec.source, out_dir, spec.chat_template, trust_remote_code)
     hub = {"kind": "hub", "source": spec.source, "revision": spec.revision, "commit": spec.commit}
     if spec.snapshot is not None:  # cached: a view of the snapshot, no copy
-        return build_view(spec.snapshot, out_dir, spec.chat_template, trust_remote_code, record=hub)
+        return build_template_view(spec.snapshot, out_dir, spec.chat_template, trust_remote_code, record=hub)
     return download_hub(spec.source, out_dir, spec.chat_template, trust_remote_code, spec.commit, spec.revision)
 
 

@@ -21,6 +21,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline.artifacts import conversations as conversation_file
+from draftline.config_schema import default
+
 log = logging.getLogger(__name__)
 
 
@@ -136,10 +139,10 @@ def _check_against_generation_tags(tokenizer, messages, chat_template, full_ids,
 
 @dataclass(frozen=True)
 class TokenizeSettings:
-    max_seq_len: int = 2048
-    min_trainable_tokens: int = 1
+    max_seq_len: int = default("tokenize", "max_seq_len")
+    min_trainable_tokens: int = default("tokenize", "min_trainable_tokens")
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
-    trust_remote_code: bool = False
+    trust_remote_code: bool = default("target", "trust_remote_code")
 
 
 def tokenize_rows(tokenizer, rows: list[dict], settings: TokenizeSettings, stop_ids: set[int], chat_template: str | None):
@@ -171,22 +174,6 @@ def tokenize_rows(tokenizer, rows: list[dict], settings: TokenizeSettings, stop_
     stats["total_tokens"] = sum(len(r["input_ids"]) for r in kept)
     stats["trainable_tokens"] = sum(sum(r["loss_mask"]) for r in kept)
     return kept, ids, stats
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
-            if not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
-                raise ValueError(f"{path}:{lineno}: expected an object with a string 'id' and a list 'messages'")
-            rows.append(row)
-    return rows
 
 
 def load_tokenizer(target_dir: str | Path, trust_remote_code: bool = False):
@@ -221,7 +208,7 @@ def tokenize(
     if chat_template is None and tokenizer.chat_template is None:
         raise ValueError(f"{target_dir}: the tokenizer has no chat template; set target.chat_template to a Jinja file")
     stop_ids = stop_token_ids(target_dir, tokenizer)
-    rows = read_rows(conversations_path)
+    rows = conversation_file.read(conversations_path)
     kept, ids, stats = tokenize_rows(tokenizer, rows, settings, stop_ids, chat_template)
     if not kept:
         raise ValueError(

@@ -25,7 +25,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from draftline import algorithms
+from draftline.algorithms import DraftSettings
+from draftline.artifacts import layer_ids, metrics
+from draftline.artifacts.hidden_states import file_name, validate_hidden_states
 from draftline.atomic import atomic_dir
+from draftline.config_schema import default
+from draftline.content_hash import digest, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +45,17 @@ FINAL_FILES = ("config.json", "model.safetensors")
 class TrainSettings:
     """The `train:` config block (names as in config/schema/config.schema.yaml)."""
 
-    epochs: int = 3
-    lr: float = 1e-3
-    optimizer: str = "auto"  # auto | adamw | muon
-    total_seq_len: int = 4096
-    train_fraction: float = 0.9
-    ttt_steps: int = 3
-    seed: int = 0
-    fsdp: bool = False  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
-    num_workers: int | str = "auto"  # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
-    keep_old_runs: bool = False  # keep runs/<key> folders of earlier settings after publishing
+    epochs: int = default("train", "epochs")
+    lr: float = default("train", "lr")
+    optimizer: str = default("train", "optimizer")  # auto | adamw | muon
+    total_seq_len: int = default("train", "total_seq_len")
+    train_fraction: float = default("train", "train_fraction")
+    ttt_steps: int = default("train", "ttt_steps")
+    seed: int = default("train", "seed")
+    fsdp: bool = default("train", "fsdp")  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
+    # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
+    num_workers: int | str = default("train", "num_workers")
+    keep_old_runs: bool = default("train", "keep_old_runs")  # keep runs/<key> folders of earlier settings after publishing
 
     @classmethod
     def from_config(cls, block: dict) -> TrainSettings:
@@ -97,10 +104,6 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: cannot read JSON ({err})") from err
 
 
-def hidden_state_file(hidden_states: Path, row: int) -> Path:
-    return Path(hidden_states) / f"hs_{row}.safetensors"
-
-
 def check_inputs(inputs: TrainInputs) -> dict:
     """Check that the inputs fit together before spending time; return what training needs."""
     import numpy as np
@@ -115,17 +118,18 @@ def check_inputs(inputs: TrainInputs) -> dict:
             f"{inputs.config_dir} holds weights ({extra}); it must hold only config.json so "
             "speculators initialises a fresh draft from it"
         )
-    aux = [int(i) for i in _read_json(inputs.layer_ids)["aux"]]
-    if config.get("eagle_aux_hidden_state_layer_ids") != aux:
+    algorithm = algorithms.of_config(config, str(config_path))
+    facts = algorithm.config_facts(config)
+    aux = layer_ids.read(inputs.layer_ids).aux
+    if facts.aux_layer_ids != aux:
         raise ValueError(
-            f"{config_path}: eagle_aux_hidden_state_layer_ids "
-            f"{config.get('eagle_aux_hidden_state_layer_ids')} != aux {aux} in {inputs.layer_ids}; "
-            "rerun the speculator_config step"
+            f"{config_path}: the draft reads target layers {facts.aux_layer_ids}, but {inputs.layer_ids} "
+            f"has aux {aux}; rerun the speculator_config step"
         )
-    hidden = int(config["transformer_layer_config"]["hidden_size"])
-    draft_vocab = int(config["draft_vocab_size"])
+    hidden = facts.hidden_size
+    draft_vocab = facts.draft_vocab_size
     d2t, t2d = np.load(inputs.d2t), np.load(inputs.t2d)
-    target_vocab = int(config["transformer_layer_config"]["vocab_size"])
+    target_vocab = facts.target_vocab_size
     if d2t.shape != (draft_vocab,) or t2d.shape != (target_vocab,) or int(t2d.sum()) != draft_vocab:
         raise ValueError(
             f"vocab maps {inputs.d2t} {d2t.shape} / {inputs.t2d} {t2d.shape} (t2d has "
@@ -136,13 +140,13 @@ def check_inputs(inputs: TrainInputs) -> dict:
         rows = len(load_from_disk(str(inputs.dataset)))
     except Exception as err:
         raise ValueError(f"{inputs.dataset}: cannot open the tokenized dataset ({err})") from err
-    missing = [i for i in range(rows) if not hidden_state_file(inputs.hidden_states, i).exists()]
+    missing = [i for i in range(rows) if not (Path(inputs.hidden_states) / file_name(i)).exists()]
     if missing:
         raise ValueError(
             f"{inputs.hidden_states}: no hidden states for {len(missing)} of {rows} dataset rows "
             f"(e.g. hs_{missing[0]}.safetensors); rerun the hidden_states step"
         )
-    first = hidden_state_file(inputs.hidden_states, 0)
+    first = Path(inputs.hidden_states) / file_name(0)
     with safe_open(str(first), framework="pt") as handle:
         states = handle.get_slice("hidden_states")
         shape, dtype = states.get_shape(), states.get_dtype()
@@ -160,47 +164,26 @@ def check_inputs(inputs: TrainInputs) -> dict:
     # Every file, not just the first: a truncated file, foreign token ids or NaN/inf must stop
     # training before it starts. Shards holding a bad file are removed (with the view), so the
     # rerun re-extracts only those.
-    from draftline.checks import validate_hidden_states
-
     validate_hidden_states(
         inputs.dataset, inputs.hidden_states, len(aux) + 1, hidden, dtype=torch_dtype, remove_bad_shards=True
     )
-    return {"rows": rows, "hidden_states_dtype": torch_dtype, "aux": aux, "draft_vocab_size": draft_vocab}
+    return {"rows": rows, "hidden_states_dtype": torch_dtype, "aux": aux, "draft_vocab_size": draft_vocab,
+            "algorithm": algorithm, "facts": facts}
 
 
 # ---------------------------------------------------------------- run key
 
 
-def _sha256_files(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode())
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def _stat_fingerprint(paths: list[Path]) -> str:
-    """Names, sizes and mtimes: cheap for GBs of hidden states, changes when a file is rewritten."""
-    digest = hashlib.sha256()
-    for path in paths:
-        st = path.stat()  # follows the view's symlinks to the shard files
-        digest.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 def input_fingerprints(inputs: TrainInputs) -> dict[str, str]:
-    target = Path(inputs.target)
-    target_files = sorted(p for p in target.glob("*") if p.is_file()) if target.is_dir() else []
+    """Each input's `content_hash.fingerprint` (content, or stat for the big hidden states)."""
     return {
-        "config": _sha256_files([Path(inputs.config_dir) / "config.json"]),
-        "d2t": _sha256_files([Path(inputs.d2t)]),
-        "t2d": _sha256_files([Path(inputs.t2d)]),
-        "layer_ids": _sha256_files([Path(inputs.layer_ids)]),
-        "dataset": _sha256_files(sorted(p for p in Path(inputs.dataset).glob("*") if p.is_file())),
-        "hidden_states": _stat_fingerprint(sorted(Path(inputs.hidden_states).glob("hs_*.safetensors"))),
-        "target": _stat_fingerprint(target_files) if target_files else str(inputs.target),
+        "config": digest(fingerprint(Path(inputs.config_dir) / "config.json")),
+        "d2t": digest(fingerprint(inputs.d2t)),
+        "t2d": digest(fingerprint(inputs.t2d)),
+        "layer_ids": digest(fingerprint(inputs.layer_ids)),
+        "dataset": digest(fingerprint(inputs.dataset)),
+        "hidden_states": digest(fingerprint(inputs.hidden_states, limit=0)),
+        "target": digest(fingerprint(inputs.target)) if Path(inputs.target).exists() else str(inputs.target),
     }
 
 
@@ -237,46 +220,6 @@ def discard_incomplete_epochs(run_dir: Path) -> None:
             shutil.rmtree(folder)
 
 
-def val_losses(metrics_path: Path) -> dict[int, float]:
-    """Validation loss per epoch (0-based) from the metrics log; a rerun epoch's last value wins."""
-    losses: dict[int, float] = {}
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if "val" in record and "loss_epoch" in record["val"]:
-                losses[int(record["epoch"])] = float(record["val"]["loss_epoch"])
-    return dict(sorted(losses.items()))
-
-
-def train_throughput(metrics_path: Path) -> dict:
-    """Tokens/s over all logged steps, and the median step's (without start-up/compile steps)."""
-    tokens = seconds = 0.0
-    rates: list[float] = []
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            profile = record.get("profile") or {}
-            if "step_ms" not in profile:
-                continue
-            step_s = profile["step_ms"] / 1000
-            seconds += step_s
-            tokens += profile.get("tokens_per_s", 0.0) * step_s
-            rates.append(profile.get("tokens_per_s", 0.0))
-    rates.sort()
-    return {
-        "tokens": round(tokens),
-        "step_seconds": round(seconds, 2),
-        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-        "median_step_tokens_per_s": round(rates[len(rates) // 2], 1) if rates else None,
-    }
-
-
 def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[int, float]) -> tuple[int, str]:
     done = epoch_dirs(run_dir)
     if not done or max(done) != epochs - 1:
@@ -297,34 +240,15 @@ def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[
     return epochs - 1, "no epoch has a finite validation loss (no checkpoint_best): the last epoch"
 
 
-def check_checkpoint(folder: Path, draft_vocab: int, target_vocab: int, hidden: int, n_aux: int) -> dict:
-    """The tensors vLLM's eagle3 loader needs, with the shapes this config implies."""
-    from safetensors import safe_open
-
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
-        shapes = {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-    expected = {
-        "fc.weight": [hidden, n_aux * hidden],
-        "lm_head.weight": [draft_vocab, hidden],
-        "d2t": [draft_vocab],
-        "t2d": [target_vocab],
-    }
-    wrong = {k: shapes.get(k) for k, v in expected.items() if shapes.get(k) != v}
-    if wrong or not any(k.startswith("layers.0.") for k in shapes):
-        raise RuntimeError(
-            f"{folder}/model.safetensors: unexpected tensors {wrong} (expected {expected}, and layers.0.*)"
-        )
-    return shapes
-
-
 # ---------------------------------------------------------------- the run
 
 
 def speculators_args(
     inputs: TrainInputs, settings: TrainSettings, run_dir: Path, hs_dtype: str, optimizer: str,
     aux: list[int], rows: int, draft_vocab: int, num_workers: int = 0, fsdp: bool = False,
-    trust_remote_code: bool = False,
+    trust_remote_code: bool = False, algorithm: str = "eagle3",
 ) -> list[str]:  # fmt: skip
+    algorithm = algorithms.get(algorithm)
     fraction = settings.train_fraction
     if fraction >= 1.0:
         # speculators 0.9.0 always holds out a validation split (ratio must be < 1): keep
@@ -352,7 +276,7 @@ def speculators_args(
         "--optimizer", optimizer,
         "--total-seq-len", str(settings.total_seq_len),
         "--train-data-ratio", repr(fraction),
-        "--ttt-steps", str(settings.ttt_steps),
+        *algorithm.trainer_args(DraftSettings(ttt_steps=settings.ttt_steps)),
         "--seed", str(settings.seed),
         "--loss-implementation", "eager",  # the fused loss fails inside torch.compile
         "--draft-attn-impl", "sdpa",
@@ -467,6 +391,7 @@ def train(
     args = speculators_args(
         inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
         facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp, trust_remote_code,
+        facts["algorithm"].name,
     )  # fmt: skip
     command = launch_command(args, cuda, world_size)
     log.info("running: %s", " ".join(command))
@@ -474,26 +399,26 @@ def train(
     run_trainer(command, _child_env(threads, metrics_path))
     log.info("trainer finished in %.1f s", time.monotonic() - started)
 
-    losses = val_losses(metrics_path)
+    losses = metrics.val_losses(metrics_path)
     has_validation = settings.train_fraction < 1.0
     epoch, reason = choose_epoch(run_dir, settings.epochs, has_validation, losses)
     chosen = epoch_dirs(run_dir)[epoch]
-    config = _read_json(chosen / "config.json")
-    tl = config["transformer_layer_config"]
-    check_checkpoint(chosen, int(config["draft_vocab_size"]), int(tl["vocab_size"]), int(tl["hidden_size"]), len(facts["aux"]))
-    throughput = train_throughput(metrics_path)
+    algorithms.check_checkpoint(chosen, facts["algorithm"], facts["facts"])
+    throughput = metrics.throughput(metrics_path)
     log.info("chose epoch %d (%s); val loss per epoch %s; %s", epoch + 1, reason, losses, throughput)
 
     with atomic_dir(final_dir) as staging:
         for name in FINAL_FILES:
             shutil.copy2(chosen / name, staging / name)
-        for name in ("train_command.txt", "run.yaml"):
+        # the run's records travel with the draft: the report's loss plot reads them from here
+        for name in ("train_command.txt", "run.yaml", metrics_path.name):
             if (run_dir / name).exists():
                 shutil.copy2(run_dir / name, staging / name)
         if (chosen / "val_metrics.json").exists():
             shutil.copy2(chosen / "val_metrics.json", staging / "val_metrics.json")
         provenance = {
             "run_key": key,
+            "algorithm": facts["algorithm"].name,
             "run_dir": str(run_dir),
             "chosen_epoch": epoch,  # speculators' 0-based epoch folder name
             "reason": reason,

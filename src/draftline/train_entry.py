@@ -17,11 +17,12 @@ after three narrow additions:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
+
+from draftline.artifacts import metrics
 
 PROGRESS_EVERY_S = 10.0
 
@@ -85,8 +86,7 @@ class MetricsRecorder(logging.Handler):
         if not isinstance(msg, dict) or record.__dict__.get("hparams"):
             return
         if self.path:
-            with open(self.path, "a") as out:
-                out.write(json.dumps({"time": time.time(), **msg}, default=float) + "\n")
+            metrics.append(self.path, {"time": time.time(), **msg})
         if "train" in msg:
             self._on_step(msg)
         elif "val" in msg:

@@ -15,31 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from draftline.artifacts.target import vocab_size as target_vocab_size
+from draftline.artifacts import token_freq as token_freq_file
 from draftline.atomic import atomic_file
+from draftline.checks import check_draft_vocab
 
 log = logging.getLogger(__name__)
-
-
-def target_vocab_size(target_dir: str | Path, trust_remote_code: bool = False) -> int:
-    """The verifier's vocabulary as speculators sizes t2d (config.vocab_size, text config)."""
-    from speculators.train.vocab_mapping import get_target_vocab_size
-
-    return int(get_target_vocab_size(None, str(target_dir), trust_remote_code=trust_remote_code))
-
-
-def load_token_freq(path: str | Path) -> dict[int, int]:
-    import torch
-
-    try:
-        freq = torch.load(path, weights_only=True)
-    except Exception as err:  # a truncated or foreign file: say which one
-        raise ValueError(f"{path}: cannot read token frequencies ({err}); rerun the tokenize step") from err
-    if not isinstance(freq, dict) or not freq:
-        raise ValueError(
-            f"{path}: expected a non-empty dict token id -> count (speculators' token_freq.pt), "
-            f"got {type(freq).__name__} of size {len(freq) if hasattr(freq, '__len__') else '?'}"
-        )
-    return {int(k): int(v) for k, v in freq.items()}
 
 
 def build_vocab_maps(
@@ -48,12 +29,7 @@ def build_vocab_maps(
     """(d2t, t2d) as numpy arrays, via speculators' builder (most frequent tokens win)."""
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    if draft_vocab_size > target_vocab:
-        raise ValueError(
-            f"vocab.draft_vocab_size = {draft_vocab_size} is larger than the target's vocabulary "
-            f"({target_vocab} tokens): set vocab.draft_vocab_size in config/config.yaml to at most "
-            f"{target_vocab}"
-        )
+    check_draft_vocab(draft_vocab_size, target_vocab, "the target's config")
     out_of_range = sorted(t for t in token_freq if not 0 <= t < target_vocab)
     if out_of_range:
         raise ValueError(
@@ -102,7 +78,7 @@ def write_vocab(
     trust_remote_code: bool = False,
 ) -> dict:
     """Build and publish d2t.npy, t2d.npy and summary.json; return the summary."""
-    freq = load_token_freq(token_freq_path)
+    freq = token_freq_file.read(token_freq_path)
     target_vocab = target_vocab_size(target_dir, trust_remote_code)
     d2t, t2d = build_vocab_maps(freq, draft_vocab_size, target_vocab)
     # The same invariants speculators' load_vocab_mappings enforces, checked before publishing.

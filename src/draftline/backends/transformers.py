@@ -1,9 +1,8 @@
-"""Hidden-state extraction with transformers (`hidden_states.backend: transformers`).
+"""Hidden states from a transformers forward pass (`hidden_states.backend: transformers`).
 
-For machines without vLLM, and as a cross-check of vLLM's extraction. It fills the same
-staging folder with the same files (`hs_<row>.safetensors`: `hidden_states` [seq,
-n_extracted, hidden], `token_ids` [seq]) that `draftline.hidden_states.extract_shard`
-validates and publishes; only the forward pass differs.
+For machines without vLLM, and as a cross-check of vLLM's extraction. It writes the same
+validated files (`draftline.artifacts.hidden_states`) as the vLLM backend; only the forward
+pass differs.
 
 Convention (tests/test_hidden_states_hf.py checks it against vLLM, layer by layer): vLLM's
 layer id i is transformers' `output_hidden_states=True` entry `hidden_states[i]` for
@@ -26,6 +25,10 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
+from draftline.backends import Extracted, ExtractionRequest
+from draftline.engine import has_cuda
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +148,6 @@ def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden:
     import torch
     from safetensors.torch import save_file
 
-    from draftline.hidden_states import validate_hidden_state_file
-
     tmp = path.with_name(path.name + ".tmp")
     save_file(
         {"hidden_states": states.contiguous(), "token_ids": torch.as_tensor(list(ids), dtype=torch.long)},
@@ -164,8 +165,6 @@ def run_batches(
     batch_tokens: int = DEFAULT_BATCH_TOKENS, max_rows: int = 64, writers: int = WRITERS,
 ) -> int:  # fmt: skip
     """Extract `rows` into `dest_dir/hs_<row>.safetensors`; return the token count."""
-    from draftline.hidden_states import file_name
-
     lengths = {r: len(ids_by_row[r]) for r in rows}
     plan = batches(rows, lengths, batch_tokens, max_rows)
     total = sum(lengths.values())
@@ -217,23 +216,27 @@ def run_batches(
     return done["tokens"]
 
 
-def extract_rows(todo, ids_by_row, target, extracted, staging: Path, *, dtype, threads,
-                 batch_tokens: int | None = None, chunk_rows: int = 64, trust_remote_code: bool = False,
-                 **_vllm_only) -> tuple[int, float, float]:  # fmt: skip
-    """The transformers counterpart of `hidden_states._extract_rows`: (tokens, load_s, extract_s)."""
-    import torch
+class TransformersBackend:
+    name = "transformers"
 
-    from draftline.engine import has_cuda
+    def extract(self, request: ExtractionRequest) -> Extracted:
+        import torch
 
-    device = "cuda" if has_cuda() else "cpu"
-    if device == "cpu" and threads:
-        torch.set_num_threads(int(threads))
-    t0 = time.perf_counter()
-    decoder = load_decoder(target.dir, dtype, device, trust_remote_code)
-    load_s = time.perf_counter() - t0
-    log.info("transformers decoder ready on %s in %.1f s", device, load_s)
-    extractor = HFExtractor(decoder, extracted, target.hidden_size, dtype)
-    t1 = time.perf_counter()
-    tokens = run_batches(extractor, todo, ids_by_row, staging,
-                         batch_tokens=batch_tokens or DEFAULT_BATCH_TOKENS, max_rows=chunk_rows)
-    return tokens, load_s, time.perf_counter() - t1
+        device = "cuda" if has_cuda() else "cpu"
+        engine = request.engine
+        if device == "cpu" and engine.threads:
+            torch.set_num_threads(int(engine.threads))
+        t0 = time.perf_counter()
+        decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code)
+        load_s = time.perf_counter() - t0
+        log.info("transformers decoder ready on %s in %.1f s", device, load_s)
+        extractor = HFExtractor(decoder, request.extracted, request.hidden_size, engine.dtype)
+        t1 = time.perf_counter()
+        tokens = run_batches(
+            extractor, request.rows, request.token_ids, request.dest,
+            batch_tokens=request.options.get("batch_tokens") or DEFAULT_BATCH_TOKENS, max_rows=request.rows_per_call,
+        )  # fmt: skip
+        return Extracted(tokens, load_s, time.perf_counter() - t1)
+
+
+BACKEND = TransformersBackend()

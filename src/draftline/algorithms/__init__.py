@@ -1,0 +1,105 @@
+"""Draft algorithms: what kind of draft is trained, keyed like speculators' own
+`--speculator-type` (config `draft.algorithm`, default `eagle3`).
+
+An algorithm says everything that differs between draft kinds, and nothing else:
+- `build_config(...)`: the speculators config (config.json only) a fresh draft starts from;
+- `config_facts(config_json)`: what the other stages check against (aux layers, sizes);
+- `trainer_args(...)`: the Trainer flags beyond the common ones (`draftline.train`);
+- `expected_tensors(facts)`: the tensors a checkpoint must hold, with their shapes;
+- `model_class()`: the speculators model class (the untrained baseline is built from it the way
+  the Trainer builds a fresh draft);
+- `speculative_config(checkpoint, k)`: how vLLM serves it.
+
+To add one: write `draftline/algorithms/<name>.py` with a module-level `ALGORITHM` object, add
+one line to `ALGORITHMS` below and the name to `draft.algorithm`'s enum in the config schema.
+`draftline/algorithms/dflash.py` is the worked example beside `eagle3.py` (docs/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from draftline.config_schema import default
+
+# name (config draft.algorithm = speculators' speculator_type) -> module holding ALGORITHM
+ALGORITHMS = {
+    "eagle3": "draftline.algorithms.eagle3",
+}
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What the stages check a draft's config.json against."""
+
+    aux_layer_ids: list[int]  # target layers the draft reads (without the last one)
+    hidden_size: int  # the draft's (= the target's) hidden size
+    draft_vocab_size: int
+    target_vocab_size: int
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """The `draft:` config block plus the training settings the config depends on."""
+
+    num_layers: int = default("draft", "num_layers")
+    ttt_steps: int = default("train", "ttt_steps")  # positions trained per step, vLLM's default k
+
+    @classmethod
+    def from_config(cls, block: dict, **more) -> DraftSettings:
+        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block and k not in more}
+        return cls(**known, **more)
+
+
+class DraftAlgorithm(Protocol):
+    name: str  # speculators' speculator_type
+    vllm_method: str  # vLLM's speculative_config["method"]
+
+    def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
+                     trust_remote_code: bool = False): ...  # fmt: skip
+
+    def config_facts(self, config: dict) -> ConfigFacts: ...
+
+    def trainer_args(self, settings: DraftSettings) -> list[str]: ...
+
+    def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]: ...
+
+    def model_class(self): ...
+
+    def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict: ...
+
+
+def get(name: str) -> DraftAlgorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"draft.algorithm {name!r}: expected one of {', '.join(sorted(ALGORITHMS))}")
+    return importlib.import_module(ALGORITHMS[name]).ALGORITHM
+
+
+def of_config(config: dict, where: str) -> DraftAlgorithm:
+    """The algorithm a draft's config.json was written for (speculators' `speculators_model_type`)."""
+    name = config.get("speculators_model_type")
+    if name not in ALGORITHMS:
+        raise ValueError(
+            f"{where}: speculators_model_type {name!r} is no draft algorithm draftline knows "
+            f"({', '.join(sorted(ALGORITHMS))})"
+        )
+    return get(name)
+
+
+def check_checkpoint(folder: str | Path, algorithm: DraftAlgorithm, facts: ConfigFacts) -> dict:
+    """The tensors vLLM's loader needs, with the shapes this config implies; their shapes."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as handle:
+        shapes = {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+    expected = algorithm.expected_tensors(facts)
+    wrong = {k: shapes.get(k) for k, v in expected.items() if v is not None and shapes.get(k) != v}
+    missing_layers = not any(k.startswith("layers.0.") for k in shapes)
+    if wrong or missing_layers:
+        raise RuntimeError(
+            f"{folder}/model.safetensors: unexpected tensors {wrong} for a {algorithm.name} draft "
+            f"(expected {expected}, and layers.0.*)"
+        )
+    return shapes

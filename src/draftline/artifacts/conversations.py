@@ -1,0 +1,44 @@
+"""Conversation rows between stages: `results/prompts/{prompts,validation,test,rejects}.jsonl`
+and `results/regenerated/conversations.jsonl`.
+
+One JSON object per line: `{"id": str, "source": str, "messages": [{"role":
+"system"|"user"|"assistant", "content": str}, ...]}`; a regenerated assistant message cut at
+max_new_tokens carries `"truncated": true`. Written by prompts and regeneration, read by
+regeneration, tokenization and evaluation, all through `write` and `read`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from draftline.atomic import atomic_file
+
+
+def write(path: str | Path, rows: Iterable[dict]) -> None:
+    """All rows, published in one rename (a killed job leaves no half file)."""
+    with atomic_file(path, encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False))
+            out.write("\n")
+
+
+def read(path: str | Path) -> list[dict]:
+    """Every row, each checked for a string `id` and a list `messages`; errors name file:line."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+            if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
+                raise ValueError(
+                    f"{path}:{lineno}: expected an object with a string 'id' and a list 'messages' "
+                    "(the prompts stage's format)"
+                )
+            rows.append(row)
+    return rows

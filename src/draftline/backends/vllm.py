@@ -1,0 +1,179 @@
+"""Hidden states from vLLM's own `extract_hidden_states` method (`hidden_states.backend: vllm`).
+
+The engine runs each row as a prompt with max_tokens=1; its KV connector writes the captured
+layers of every token to a safetensors file in a scratch folder (a `.lock` beside it is held
+until the write ends). Each file is validated and moved to the request's `dest`. On CUDA the
+stock `ExampleHiddenStatesConnector` writes; on CPU `CPUHiddenStatesConnector` (the stock one
+without pinned memory and CUDA streams).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
+from draftline.backends import Extracted, ExtractionRequest
+from draftline.engine import has_cuda, shutdown, target_llm
+
+log = logging.getLogger(__name__)
+
+CPU_CONNECTOR = "CPUHiddenStatesConnector"
+CPU_CONNECTOR_MODULE = "draftline.backends.vllm_cpu_connector"
+CUDA_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's stock connector
+
+
+def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path) -> dict:
+    """`vllm.LLM` keyword arguments that turn generation into hidden-state extraction."""
+    connector = (
+        {"kv_connector": CUDA_CONNECTOR}
+        if has_cuda()
+        else {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
+    )
+    return {
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(extracted)}},
+        },
+        "kv_transfer_config": {
+            **connector,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
+        },
+    }
+
+
+class Extractor:
+    """Runs rows through an extraction engine; each validated file lands in `dest_dir`."""
+
+    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str):
+        self.llm = llm
+        self.n_layers = n_layers
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.generate_s = self.files_s = 0.0
+
+    def generate(self, token_ids: Sequence[Sequence[int]]):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
+        return self.llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+
+    def extract(self, rows: Sequence[int], token_ids: Sequence[Sequence[int]], dest_dir: Path) -> int:
+        """Extract, wait for each write, validate, move to `dest_dir/hs_<row>`; return tokens."""
+        t0 = time.perf_counter()
+        outputs = self.generate(token_ids)
+        self.generate_s = time.perf_counter() - t0
+        tokens = self.finish(rows, token_ids, outputs, dest_dir)
+        self.files_s = time.perf_counter() - t0 - self.generate_s
+        return tokens
+
+    def finish(self, rows, token_ids, outputs, dest_dir: Path) -> int:
+        """Wait for each output's file, validate it, move it to `dest_dir/hs_<row>`; return tokens."""
+        tokens = 0
+        for row, ids, out in zip(rows, token_ids, outputs, strict=True):
+            path = (out.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                raise RuntimeError(
+                    f"dataset row {row}: vLLM returned no hidden_states_path; the engine must run "
+                    "with the extract_hidden_states method and a hidden-states connector"
+                )
+            _wait_for_write(path)
+            tokens += validate_hidden_state_file(
+                path, ids, self.n_layers, self.hidden_size, row=row, dtype=self.dtype
+            )
+            os.chmod(path, 0o644)  # safetensors writes 0600; the files are shared data
+            os.replace(path, dest_dir / file_name(row))
+        return tokens
+
+
+def _wait_for_write(path: str) -> None:
+    """Block until vLLM's writer releases the file's `.lock`, then remove the lock file.
+
+    The writer holds an exclusive flock from before the request is returned until the file is
+    complete; it is released when the write ends or the engine process dies, so this cannot
+    wait forever on a dead writer.
+    """
+    lock = path + ".lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)
+
+
+def run_chunks(extractor: Extractor, rows: Sequence[int], ids_by_row, dest_dir: Path,
+               chunk_rows: int = 64) -> int:
+    """Extract `rows` in chunks into `dest_dir`, logging progress; return the token count.
+
+    Reading back and validating chunk i overlaps with the engine computing chunk i+1.
+    """
+    progress = {"rows": 0, "tokens": 0}
+    t0 = time.perf_counter()
+
+    def finish(chunk, ids, outputs) -> None:
+        progress["tokens"] += extractor.finish(chunk, ids, outputs, dest_dir)
+        progress["rows"] += len(chunk)
+        elapsed = time.perf_counter() - t0
+        eta = (len(rows) - progress["rows"]) * elapsed / progress["rows"]
+        log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s", progress["rows"], len(rows),
+                 progress["tokens"], progress["tokens"] / elapsed, eta)
+
+    pending = None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for i in range(0, len(rows), chunk_rows):
+            chunk = list(rows[i : i + chunk_rows])
+            ids = [ids_by_row[r] for r in chunk]
+            outputs = extractor.generate(ids)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(finish, chunk, ids, outputs)
+        if pending is not None:
+            pending.result()
+    return progress["tokens"]
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def extract(self, request: ExtractionRequest) -> Extracted:
+        scratch = request.dest / "vllm"
+        shutil.rmtree(scratch, ignore_errors=True)  # partial writes of a killed run
+        scratch.mkdir()
+        # Room for the prompt plus the one generated token; no prefix caching: every row is computed.
+        settings = replace(request.engine, max_model_len=max(len(request.token_ids[r]) for r in request.rows) + 1)
+        t0 = time.perf_counter()
+        llm = target_llm(
+            request.target_dir, settings, enable_prefix_caching=False,
+            gpu_memory_utilization=request.options.get("gpu_memory_utilization", 0.85),
+            **extraction_engine_kwargs(request.extracted, scratch),
+        )  # fmt: skip
+        load_s = time.perf_counter() - t0
+        log.info("engine ready in %.1f s", load_s)
+        extractor = Extractor(llm, len(request.extracted), request.hidden_size, settings.dtype)
+        t1 = time.perf_counter()
+        try:
+            tokens = run_chunks(extractor, request.rows, request.token_ids, request.dest, request.rows_per_call)
+            extract_s = time.perf_counter() - t1
+        finally:
+            shutdown(llm)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return Extracted(tokens, load_s, extract_s)
+
+
+BACKEND = VllmBackend()
