@@ -136,7 +136,7 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
 
 
 def test_code_closure_follows_imports():
-    from draftline.provenance import module_closure
+    from draftline.plan import module_closure
 
     names = {p.rsplit("/src/", 1)[1] for p in module_closure(str(REPO / "src"), ("hidden_states",))}
     # hidden_states imports atomic and engine at the top; the backends registry names its

@@ -134,9 +134,11 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     import numpy as np
     from safetensors import safe_open
 
+    from draftline.artifacts import metrics
+
     _root, final = trained
     assert sorted(p.name for p in final.iterdir()) == [
-        "config.json", "draftline_provenance.json", "model.safetensors",
+        "config.json", "draftline_provenance.json", "metrics.jsonl", "model.safetensors",
         "run.yaml", "train_command.txt", "val_metrics.json",
     ]  # fmt: skip
     provenance = json.loads((final / "draftline_provenance.json").read_text())
@@ -146,6 +148,9 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     assert provenance["optimizer"] == "adamw" and provenance["device"] == "cpu"
     assert provenance["throughput"]["tokens_per_s"] > 0
     assert "--from-pretrained" in (final / "train_command.txt").read_text()
+    assert provenance["algorithm"] == "eagle3"
+    # the run's records travel with the draft (the report's loss plot reads them there)
+    assert sorted(metrics.val_losses(final / "metrics.jsonl")) == [0, 1]
 
     with safe_open(str(final / "model.safetensors"), framework="pt") as handle:
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
@@ -235,7 +240,7 @@ def test_missing_hidden_states_are_reported_before_training(train_inputs, tmp_pa
 
 
 def test_optimizer_auto_is_adamw_on_cpu_and_muon_on_cuda():
-    from draftline.train import resolve_optimizer
+    from draftline.plan import resolve_optimizer
 
     assert resolve_optimizer("auto", cuda=False) == "adamw"
     assert resolve_optimizer("auto", cuda=True) == "muon"
@@ -314,7 +319,8 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
 
 
 def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(tmp_path):
-    from draftline.train import TrainInputs, TrainSettings, resolve_num_workers, run_key, speculators_args
+    from draftline.plan import resolve_num_workers
+    from draftline.train import TrainInputs, TrainSettings, run_key, speculators_args
 
     assert resolve_num_workers("auto", cuda=False) == 0
     assert resolve_num_workers("auto", cuda=True) > 0

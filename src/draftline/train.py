@@ -32,6 +32,7 @@ from draftline.artifacts.hidden_states import file_name, validate_hidden_states
 from draftline.atomic import atomic_dir
 from draftline.config_schema import default
 from draftline.content_hash import digest, fingerprint
+from draftline.plan import resolve_num_workers, resolve_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +77,6 @@ class TrainInputs:
 
 # Settings that do not change the training trajectory: a retry after changing them resumes.
 NOT_IN_RUN_KEY = ("num_workers", "keep_old_runs")
-CUDA_NUM_WORKERS = 4
-
-
-def resolve_num_workers(requested: int | str, cuda: bool) -> int:
-    # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
-    # batch fetch is ~28% of a step without them (docs/gpu.md).
-    if requested == "auto":
-        return CUDA_NUM_WORKERS if cuda else 0
-    return int(requested)
-
-
-def resolve_optimizer(requested: str, cuda: bool) -> str:
-    # Muon is ~8x slower on CPUs without bf16 (torch's Muon casts gradients to bf16).
-    if requested == "auto":
-        return "muon" if cuda else "adamw"
-    return requested
-
-
 # ---------------------------------------------------------------- input checks
 
 
