@@ -5,11 +5,12 @@ cache and writes one file per row; the pipeline waits for each write, validates 
 moves it), so it cannot be cheaper than the prefill alone: a ratio below 1 is noise.
 
 - Extraction side: the pipeline's own path, what scripts/hidden_states.py reaches through
-  `extract_shard` -> `_extract_rows`: `make_llm(..., **extraction_engine_kwargs(...))`,
-  `Extractor` and `run_chunks` (chunks of `--chunk-rows`, generate, wait for each file's
-  write, validate, move; reading back chunk i overlaps with computing chunk i+1). Engine load
-  and the shard's final publishing (hard links + manifest) are outside the timed part.
-- Reference: a plain engine from the same `make_llm` with the same settings (dtype, eager,
+  `extract_shard` -> the vllm backend (`draftline.backends.vllm`): `engine.target_llm(...,
+  enable_prefix_caching=False, **extraction_engine_kwargs(...))`, `Extractor` and `run_chunks`
+  (chunks of `--chunk-rows`, generate, wait for each file's write, validate, move; reading back
+  chunk i overlaps with computing chunk i+1). Engine load and the shard's final publishing
+  (hard links + manifest) are outside the timed part.
+- Reference: a plain engine from the same `target_llm` with the same settings (dtype, eager,
   max_model_len, no prefix caching) and no extraction, generating the same rows in the same
   chunks with max_tokens=1.
 - After one warm-up of each, runs alternate prefill, extraction, prefill, extraction, ...;
@@ -131,8 +132,12 @@ def main() -> None:
         p.error("--pairs must be >= 5: fewer paired ratios give no usable spread")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    from draftline import hidden_states as hs
-    from draftline.engine import configure_vllm_cpu, default_dtype
+    from draftline.artifacts.target import dims
+    from draftline.backends.vllm import Extractor, extraction_engine_kwargs, run_chunks
+    from draftline.engine import (
+        EngineSettings, configure_vllm_cpu, default_dtype, enforce_eager_for, has_cuda, shutdown, target_llm,
+    )
+    from draftline.hidden_states import versions
     from draftline.layers import resolve_layer_ids
 
     configure_vllm_cpu(args.threads)
@@ -143,28 +148,31 @@ def main() -> None:
     started = time.time()
     load_start = _loadavg()
     dtype = default_dtype(args.dtype)
-    eager = hs.resolve_enforce_eager({"true": True, "false": False}.get(args.enforce_eager, "auto"))
+    eager = enforce_eager_for({"true": True, "false": False}.get(args.enforce_eager, "auto"), has_cuda())
     with tempfile.TemporaryDirectory(prefix="hs-bench-") as tmp_name:
         tmp = Path(tmp_name)
         target = _target(args.model, tmp)
-        info = hs.target_info(target)
+        info = dims(target)
         extracted = resolve_layer_ids("auto", str(target)).extracted
         rows = _rows(args, target)
         tokens = sum(map(len, rows))
         max_len = max(map(len, rows)) + 1
-        common = dict(max_model_len=max_len, dtype=dtype, enforce_eager=eager)
+        settings = EngineSettings(max_model_len=max_len, dtype=dtype, enforce_eager=eager, threads=args.threads)
+        # what the vllm backend passes besides the settings: no prefix caching (every row is
+        # computed) and its default GPU memory share (used on CUDA only)
+        common = dict(enable_prefix_caching=False, gpu_memory_utilization=0.85)
         chunks = [list(range(i, min(i + args.chunk_rows, len(rows)))) for i in range(0, len(rows), args.chunk_rows)]
 
         t0 = time.perf_counter()
-        prefill = hs.make_llm(target, **common)
+        prefill = target_llm(target, settings, **common)
         load_prefill = time.perf_counter() - t0
         scratch, dest = tmp / "vllm", tmp / "files"
         scratch.mkdir()
         dest.mkdir()
         t0 = time.perf_counter()
-        llm = hs.make_llm(target, **common, **hs.extraction_engine_kwargs(target, extracted, scratch, dtype))
+        llm = target_llm(target, settings, **common, **extraction_engine_kwargs(extracted, scratch))
         load_extract = time.perf_counter() - t0
-        extractor = hs.Extractor(llm, len(extracted), info.hidden_size, dtype)
+        extractor = Extractor(llm, len(extracted), info.hidden_size, dtype)
 
         def run_prefill() -> None:
             from vllm import SamplingParams
@@ -175,7 +183,7 @@ def main() -> None:
                                  SamplingParams(max_tokens=1), use_tqdm=False)
 
         def run_extract() -> None:
-            hs.run_chunks(extractor, range(len(rows)), rows, dest, args.chunk_rows)
+            run_chunks(extractor, range(len(rows)), rows, dest, args.chunk_rows)
 
         # Warm-up: the first batch pays for allocations and kernel selection.
         warmup = {"prefill": _timed(run_prefill, ncpu), "extract": _timed(run_extract, ncpu)}
@@ -189,8 +197,8 @@ def main() -> None:
                   f"load {pair['prefill']['loadavg_before'][0]} -> {pair['extract']['loadavg_after'][0]}, "
                   f"busy cpus {pair['prefill']['busy_cpus']} / {pair['extract']['busy_cpus']}", flush=True)
         file_bytes = sum(f.stat().st_size for f in dest.iterdir())
-        hs.shutdown_llm(prefill)
-        hs.shutdown_llm(llm)
+        shutdown(prefill)
+        shutdown(llm)
 
     ratios = [pr["ratio"] for pr in pairs]
     med = statistics.median(ratios)
@@ -250,7 +258,7 @@ def main() -> None:
         "warmup": warmup,
         "bytes_per_token": round(file_bytes / tokens, 1),
         "engine_load_s": {"prefill": round(load_prefill, 1), "extract": round(load_extract, 1)},
-        "versions": hs.versions(),
+        "versions": versions(),
         "python": platform.python_version(),
         "machine": f"{_cpu_model()}, {ncpu} CPUs ({platform.machine()})",
     }
@@ -305,7 +313,7 @@ def _markdown(r: dict) -> str:
         f"- ratio: {r['ratio_definition']}",
         f"- extraction: the pipeline's path (Extractor + run_chunks: generate, wait for each file's "
         f"write, validate, move), {r['bytes_per_token']} bytes/token on disk; plain prefill: same "
-        f"make_llm settings without extraction, max_tokens=1; engine load {r['engine_load_s']} s "
+        f"target_llm settings without extraction, max_tokens=1; engine load {r['engine_load_s']} s "
         "(not timed)",
         f"- load: nproc {ld['nproc']}; /proc/loadavg at start {ld['loadavg_start']}, at end "
         f"{ld['loadavg_end']}; the benchmark's own engine keeps ~1 CPU busy, so busy CPUs above ~1 "

@@ -213,6 +213,7 @@ def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: i
     import numpy as np
     from datasets import Dataset
 
+    from draftline.artifacts import layer_ids as layer_ids_file
     from draftline.layers import resolve_layer_ids
     from draftline.speculator_config import write_speculator_config
     from draftline.vocab import build_vocab_maps
@@ -235,8 +236,7 @@ def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: i
     np.save(work / "d2t.npy", d2t)
     np.save(work / "t2d.npy", t2d)
     ids_ = resolve_layer_ids("auto", str(target))
-    (work / "layer_ids.json").write_text(json.dumps(
-        {"aux": ids_.aux, "extracted": ids_.extracted, "num_hidden_layers": ids_.num_hidden_layers}))
+    layer_ids_file.write(work / "layer_ids.json", ids_)
     write_speculator_config(work / "config", target, work / "layer_ids.json", draft_vocab)
     return {"rows": rows, "tokens": sum(lengths), "min_len": min(lengths), "max_len": max(lengths),
             "layer_ids": ids_.extracted, "draft_vocab": draft_vocab, "lengths": lengths}
@@ -275,14 +275,14 @@ def decoder_work(size: str, lengths: list[int], linear_params: int | None = None
 
 
 def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:
-    from draftline.hidden_states import build_view, extract_shard
+    from draftline.engine import EngineSettings
+    from draftline.hidden_states import build_training_view, extract_shard
 
-    layer_ids = json.loads((work / "layer_ids.json").read_text())
     t0 = time.perf_counter()
-    m = extract_shard(work / "dataset", target, layer_ids, 0, 1, work / "hs" / "shard_0",
-                      backend="transformers", batch_tokens=batch_tokens, threads=8)
+    m = extract_shard(work / "dataset", target, work / "layer_ids.json", 0, 1, work / "hs" / "shard_0",
+                      EngineSettings(threads=8), backend="transformers", options={"batch_tokens": batch_tokens})
     wall = time.perf_counter() - t0
-    build_view([work / "hs" / "shard_0"], work / "hs" / "all")
+    build_training_view([work / "hs" / "shard_0"], work / "hs" / "all")
     out = {"manifest": {k: v for k, v in m.items() if k != "versions"}, "wall_s": round(wall, 1),
            "tokens_per_s": m["tokens_per_s"],
            "gb_per_s_written": round(m["bytes"] / m["extract_seconds"] / 1e9, 3),
@@ -299,7 +299,7 @@ def plain_forward(work: Path, target: Path, batch_tokens: int, max_batches: int)
     """Reference: the same decoder on the same batches, no capture, nothing written."""
     from datasets import load_from_disk
 
-    from draftline.hidden_states_hf import batches, load_decoder
+    from draftline.backends.transformers import batches, load_decoder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = "bfloat16" if device == "cuda" else "float32"
@@ -354,7 +354,8 @@ def extract_calls_main() -> None:
     """A fresh process that does what scripts/hidden_states.py does (claim a GPU, then
     `extract_shard(backend="transformers")` with the pipeline's defaults) `--calls` times,
     each into a new folder, and writes the timings to `--result` (JSON). Each written row's
-    time is recorded by wrapping `hidden_states_hf._write_row` (it still does the writing)."""
+    time is recorded by wrapping `draftline.backends.transformers._write_row` (it still does
+    the writing)."""
     t_main = time.time()
     ap = argparse.ArgumentParser()
     ap.add_argument("cmd")
@@ -364,9 +365,10 @@ def extract_calls_main() -> None:
     ap.add_argument("--result", type=Path)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s calls %(name)s %(message)s")
+    import draftline.backends.transformers as hf
     from draftline.devices import claim_gpus
+    from draftline.engine import EngineSettings
     from draftline.hidden_states import extract_shard
-    import draftline.hidden_states_hf as hf
 
     t_imp = time.time()
     got = claim_gpus(1)
@@ -390,7 +392,7 @@ def extract_calls_main() -> None:
         return run_batches(*args, **kw)
 
     hf._write_row, hf.run_batches, hf.load_decoder = timed_write_row, timed_run_batches, timed_load_decoder
-    layer_ids = json.loads((a.work / "layer_ids.json").read_text())
+    layer_ids = a.work / "layer_ids.json"
     out = {"process_start_to_main_s": None, "imports_s": round(t_imp - t_main, 2), "claim_gpus_s": round(t_claim - t_imp, 2),
            "claimed": got, "t_main_epoch": t_main, "batch_tokens": hf.DEFAULT_BATCH_TOKENS,
            "max_batches_in_flight": hf.MAX_BATCHES_IN_FLIGHT, "calls": []}
@@ -403,8 +405,8 @@ def extract_calls_main() -> None:
         dest = a.work / f"hs_call{call}" / "shard_0"
         mem = _meminfo("Dirty", "Writeback", "Cached")
         t0 = time.perf_counter()
-        m = extract_shard(a.work / "dataset", a.target, layer_ids, 0, 1, dest, backend="transformers",
-                          chunk_rows=64, dtype="auto", threads=8)
+        m = extract_shard(a.work / "dataset", a.target, layer_ids, 0, 1, dest,
+                          EngineSettings(dtype="auto", threads=8), backend="transformers", rows_per_call=64)
         wall = time.perf_counter() - t0
         rec = {"call": call, "wall_s": round(wall, 2), "tokens": m["tokens"], "rows": m["num_rows"],
                "load_seconds": m["load_seconds"], "extract_seconds": m["extract_seconds"],
@@ -500,11 +502,14 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     One untimed extract_shard call first, so no variant pays this process's first call."""
     import shutil
 
-    import draftline.hidden_states_hf as hf
     from datasets import load_from_disk
+
+    import draftline.backends.transformers as hf
+    from draftline.artifacts import layer_ids as layer_ids_file
+    from draftline.engine import EngineSettings
     from draftline.hidden_states import extract_shard
 
-    layer_ids = json.loads((work / "layer_ids.json").read_text())
+    layer_ids = layer_ids_file.read(work / "layer_ids.json")
     ids = load_from_disk(str(work / "dataset")).with_format(None)["input_ids"]
     lengths = {r: len(x) for r, x in enumerate(ids)}
     ids_by_row = dict(enumerate(ids))
@@ -520,8 +525,8 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
         try:
             d = work / "hs_var" / "shard_0"
             t0 = time.perf_counter()
-            m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, backend="transformers",
-                              chunk_rows=64, dtype="auto", threads=8, batch_tokens=batch_tokens)
+            m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, EngineSettings(dtype="auto", threads=8),
+                              backend="transformers", rows_per_call=64, options={"batch_tokens": batch_tokens})
             wall = time.perf_counter() - t0
             shutil.rmtree(d.parent)
         finally:
@@ -532,7 +537,7 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     warmup = stage(default_inflight)
     plain_decoder = hf.load_decoder(target, dtype, device)
     cap_decoder = hf.load_decoder(target, dtype, device)
-    ex = hf.HFExtractor(cap_decoder, layer_ids["extracted"], cap_decoder.config.hidden_size, dtype)
+    ex = hf.HFExtractor(cap_decoder, layer_ids.extracted, cap_decoder.config.hidden_size, dtype)
 
     def plain_batch(batch):
         x, mask = hf.pad_batch([ids[r] for r in batch])
@@ -557,9 +562,9 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
             event.synchronize()
         return {"tokens_per_s": round(tokens / (time.perf_counter() - t0), 1)}
 
-    fake = _HostOnlyExtractor(layer_ids["extracted"], cap_decoder.config.hidden_size,
+    fake = _HostOnlyExtractor(layer_ids.extracted, cap_decoder.config.hidden_size,
                               max(len(b) * max(lengths[r] for r in b) for b in plan)
-                              * len(layer_ids["extracted"]) * cap_decoder.config.hidden_size, dtype)
+                              * len(layer_ids.extracted) * cap_decoder.config.hidden_size, dtype)
 
     def writers():
         d = work / "hs_writers"
@@ -613,6 +618,7 @@ def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_
     """`draftline.train.train` as scripts/train.py calls it, with the `train.fsdp` and
     `train.num_workers` settings."""
     import draftline.train as dt
+    from draftline.artifacts import metrics
 
     settings = dt.TrainSettings(epochs=epochs, total_seq_len=total_seq_len, train_fraction=0.9,
                                 fsdp=fsdp, num_workers=num_workers)
@@ -623,8 +629,7 @@ def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_
     wall = time.perf_counter() - t0
     prov = json.loads((final / "draftline_provenance.json").read_text())
     run_dir = Path(prov["run_dir"])
-    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"profile"' in x]
-    profiles = [s["profile"] for s in steps]
+    profiles = [r["profile"] for r in metrics.records(run_dir / "metrics.jsonl") if "profile" in r]
     steady = profiles[len(profiles) // 4:] or profiles  # without the first steps (start-up)
 
     def med(key):
@@ -1041,14 +1046,15 @@ def extract_shard_main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
     from draftline.devices import claim_gpus
+    from draftline.engine import EngineSettings
     from draftline.hidden_states import extract_shard
 
     # As scripts/hidden_states.py does: take one free GPU before CUDA starts.
     got = claim_gpus(1)
     a.out_dir.parent.mkdir(parents=True, exist_ok=True)
     (a.out_dir.parent / f"claimed_{a.shard}.txt").write_text(f"{got} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
-    extract_shard(a.work / "dataset", a.target, json.loads((a.work / "layer_ids.json").read_text()), a.shard,
-                  a.num_shards, a.out_dir, backend="transformers", batch_tokens=a.batch_tokens, threads=4,
+    extract_shard(a.work / "dataset", a.target, a.work / "layer_ids.json", a.shard, a.num_shards, a.out_dir,
+                  EngineSettings(threads=4), backend="transformers", options={"batch_tokens": a.batch_tokens},
                   staging_root=a.out_dir.parent / f".staging-{a.shard}")
 
 
