@@ -139,17 +139,8 @@ def extract_shard(
             raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")
 
     key = staging_key(target_dir, extracted, dataset._fingerprint, dtype)
-    staging = staging_root / f"shard_{shard}-{key}"
-    # Staging folders of this shard made with other settings are never reusable.
-    for stale in staging_root.glob(f"shard_{shard}-*"):
-        if stale != staging:
-            log.info("removing staging folder from other settings: %s", stale)
-            shutil.rmtree(stale, ignore_errors=True)
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / STAGING_KEY).write_text(
-        json.dumps({"target": str(target_dir), "extracted": extracted,
-                    "dataset_fingerprint": dataset._fingerprint, "dtype": dtype}, indent=1) + "\n"
-    )  # fmt: skip
+    staging = open_staging(staging_root, shard, key, {"target": str(target_dir), "extracted": extracted,
+                                                      "dataset_fingerprint": dataset._fingerprint, "dtype": dtype})
 
     todo = [
         r for r in rows
@@ -197,15 +188,33 @@ def extract_shard(
         "staging_key": key,
         "versions": versions(),
     }
+    publish(staging, rows, manifest, out_dir)
+    return manifest
+
+
+def open_staging(staging_root: Path, shard: int, key: str, record: dict) -> Path:
+    """This shard's staging folder for the settings `key` hashes (`record` says them); staging
+    folders of this shard made with other settings are never reusable, so they go."""
+    staging = staging_root / f"shard_{shard}-{key}"
+    for stale in staging_root.glob(f"shard_{shard}-*"):
+        if stale != staging:
+            log.info("removing staging folder from other settings: %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / STAGING_KEY).write_text(json.dumps(record, indent=1) + "\n")
+    return staging
+
+
+def publish(staging: Path, rows: range, manifest: dict, out_dir: Path) -> None:
+    """The shard folder in one rename: a link to each staged file, and the manifest."""
     # Hard links keep the staged copies until the shard is published, so a kill here loses nothing.
     with atomic_dir(out_dir) as tmp:
         for r in rows:
             _link_or_copy(staging / file_name(r), tmp / file_name(r))
         write_manifest(tmp, manifest)
     shutil.rmtree(staging, ignore_errors=True)
-    log.info("published %s: %d rows, %d tokens, %.1f MB", out_dir, len(rows), total_tokens,
+    log.info("published %s: %d rows, %d tokens, %.1f MB", out_dir, len(rows), manifest["tokens"],
              manifest["bytes"] / 1e6)  # fmt: skip
-    return manifest
 
 
 def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> dict:
