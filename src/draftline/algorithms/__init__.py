@@ -27,6 +27,7 @@ from draftline.config_schema import default
 # name (config draft.algorithm = speculators' speculator_type) -> module holding ALGORITHM
 ALGORITHMS = {
     "eagle3": "draftline.algorithms.eagle3",
+    "dflash": "draftline.algorithms.dflash",
 }
 
 
@@ -46,6 +47,7 @@ class DraftSettings:
 
     num_layers: int = default("draft", "num_layers")
     ttt_steps: int = default("train", "ttt_steps")  # positions trained per step, vLLM's default k
+    block_size: int = default("draft", "block_size")  # dflash: tokens proposed per forward pass
 
     @classmethod
     def from_config(cls, block: dict, **more) -> DraftSettings:

@@ -15,9 +15,10 @@ from draftline.algorithms import ConfigFacts, DraftSettings
 
 def resolve_train_args(
     target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings, name: str,
-    trust_remote_code: bool,
+    trust_remote_code: bool, extra: list[str] = (),
 ) -> dict:  # fmt: skip
-    """speculators' resolved training arguments for a fresh draft of type `name` (its defaults)."""
+    """speculators' resolved training arguments for a fresh draft of type `name` (its defaults,
+    `extra` flags on top)."""
     from speculators.train.config import TrainConfig
 
     argv = [
@@ -27,6 +28,7 @@ def resolve_train_args(
         "--draft-vocab-size", str(draft_vocab_size),
         "--target-layer-ids", *[str(i) for i in aux],
         "--ttt-steps", str(settings.ttt_steps),
+        *extra,
     ]  # fmt: skip
     if trust_remote_code:
         argv.append("--trust-remote-code")

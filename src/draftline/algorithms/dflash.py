@@ -1,0 +1,66 @@
+"""DFlash (speculators' `dflash`): a block-diffusion draft. From the target's aux hidden states
+it predicts a whole block of tokens in one forward pass (the anchor token plus `block_size - 1`
+masked positions), instead of one token per pass as EAGLE-3 does; vLLM serves it with method
+`dflash`. It reads the same hidden-state files as EAGLE-3 (aux layers + the last layer).
+
+The config is speculators' own: `create_transformer_layer_config` from the verifier (the decoder
+the Trainer builds for a fresh draft) and `DFlashDraftModel._build_base_config_kwargs` (the
+fields `from_training_args` sets), with the mask token resolved as the Trainer resolves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftline.algorithms import ConfigFacts, DraftSettings
+from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
+
+
+class DFlash:
+    name = "dflash"
+    vllm_method = "dflash"
+
+    def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
+                     trust_remote_code: bool = False):  # fmt: skip
+        from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+        from speculators.train.utils import resolve_mask_token_id
+
+        args = resolve_train_args(target, aux, draft_vocab_size, settings, self.name, trust_remote_code,
+                                  extra=["--block-size", str(settings.block_size)])  # fmt: skip
+        layer = transformer_layer_config(target, args, trust_remote_code)
+        args["mask_token_id"] = resolve_mask_token_id(target, layer.vocab_size, args.get("mask_token_id"),
+                                                      trust_remote_code=trust_remote_code)  # fmt: skip
+        return DFlashSpeculatorConfig(**DFlashDraftModel._build_base_config_kwargs(self.name, layer, **args))
+
+    def config_facts(self, config: dict) -> ConfigFacts:
+        tl = config["transformer_layer_config"]
+        return ConfigFacts(
+            aux_layer_ids=[int(i) for i in config["aux_hidden_state_layer_ids"]],
+            hidden_size=int(tl["hidden_size"]),
+            draft_vocab_size=int(config["draft_vocab_size"]),
+            target_vocab_size=int(tl["vocab_size"]),
+        )
+
+    def trainer_args(self, settings: DraftSettings) -> list[str]:
+        # The block size and mask token come from the config (--from-pretrained).
+        return ["--speculator-type", self.name]
+
+    def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
+        h = facts.hidden_size
+        return {
+            "fc.weight": [h, len(facts.aux_layer_ids) * h],
+            "lm_head.weight": [facts.draft_vocab_size, h],
+            "d2t": [facts.draft_vocab_size],
+            "t2d": [facts.target_vocab_size],
+        }
+
+    def model_class(self):
+        from speculators.models.dflash import DFlashDraftModel
+
+        return DFlashDraftModel
+
+    def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
+        return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
+
+
+ALGORITHM = DFlash()
