@@ -1,7 +1,6 @@
 # Config validation, the target's location, and small input functions shared by the rules.
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -9,27 +8,26 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import RerunTrigger
 from snakemake.utils import validate
 
+REPO = Path(workflow.basedir)
+SRC = REPO / "src"
+# The step logic is imported from src/, here and in every job: Snakemake starts each `script:`
+# with this process's sys.path (locally, in a Slurm job's own snakemake, and in a conda env,
+# where it drops PYTHONPATH), so no environment variable is needed (docs/DESIGN.md).
+sys.path.insert(0, str(SRC))
+
+from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
+from draftline.content_hash import HashCache  # noqa: E402
+from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
+from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
+from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
+from draftline.target_model import resolve_target, target_identity  # noqa: E402
+
 if "heldout" in (config.get("prompts") or {}):
     raise WorkflowError(
         "prompts.heldout was split into prompts.validation (choose settings on it) and "
         "prompts.test (report it, never tune on it); replace the key in your config"
     )
 validate(config, schema="../config/schema/config.schema.yaml")
-
-REPO = Path(workflow.basedir)
-SRC = REPO / "src"
-# Every job (local, Slurm, conda) imports the step logic from src/.
-sys.path.insert(0, str(SRC))
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
-)
-
-from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
-from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
-from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
-from draftline.content_hash import HashCache  # noqa: E402
-from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
-from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 # Cheap checks at parse time, so a typo stops the run before any job starts.
 try:
@@ -147,8 +145,6 @@ def all_outputs():
         *report_plots(),
         "results/lineage.json",
     ]
-
-
 
 
 def _sort_keys(value):

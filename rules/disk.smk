@@ -14,6 +14,8 @@ rule hidden_states_disk_estimate:
         "logs/hidden_states/disk_estimate.log",
     benchmark:
         "results/benchmarks/hidden_states_disk_estimate.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("disk", "checks", script="disk_estimate"),

@@ -26,6 +26,8 @@ rule evaluate:
         "logs/evaluate.log",
     benchmark:
         "results/benchmarks/evaluate.tsv"
+    conda:
+        "../envs/gpu.yaml"
     # vLLM CPU threads (1 measured fastest on 2 shared cores)
     threads: 1
     resources:

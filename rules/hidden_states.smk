@@ -16,6 +16,8 @@ rule hidden_states_shard:
         "logs/hidden_states/shard_{shard}.log",
     benchmark:
         "results/benchmarks/hidden_states/shard_{shard}.tsv"
+    conda:
+        "../envs/gpu.yaml"
     # one thread per shard on CPU, so two shards run side by side on a 2-core machine
     threads: 1
     resources:
@@ -44,6 +46,8 @@ rule hidden_states_view:
         "logs/hidden_states/view.log",
     benchmark:
         "results/benchmarks/hidden_states_view.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("hidden_states", script="hidden_states_view"),

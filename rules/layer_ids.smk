@@ -10,6 +10,8 @@ rule layer_ids:
         "logs/layer_ids.log",
     benchmark:
         "results/benchmarks/layer_ids.tsv"
+    conda:
+        "../envs/gpu.yaml"
     params:
         code=code("layers", script="layer_ids"),
         target=TARGET_IDENTITY,

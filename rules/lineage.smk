@@ -17,6 +17,8 @@ rule lineage:
         "results/lineage.json",
     log:
         "logs/lineage.log",
+    conda:
+        "../envs/gpu.yaml"
     params:
         code=code("provenance", script="lineage"),
     script:

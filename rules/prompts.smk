@@ -16,6 +16,8 @@ rule prompts:
         "logs/prompts.log",
     benchmark:
         "results/benchmarks/prompts.tsv"
+    conda:
+        "../envs/gpu.yaml"
     params:
         code=code("prompts", script="prompts"),
         # As configured (paths relative to the workflow folder); each row's "source" is this string.

@@ -13,6 +13,8 @@ rule regenerate:
         "logs/regenerate.log",
     benchmark:
         "results/benchmarks/regenerate.tsv"
+    conda:
+        "../envs/gpu.yaml"
     # vLLM CPU binds its OpenMP threads to this many cores (1 measured fastest on 2 shared cores)
     threads: 1
     resources:

@@ -14,6 +14,8 @@ rule report_loss:
         "logs/report/loss.log",
     benchmark:
         "results/benchmarks/report/loss.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("report", script="report_plot"),
@@ -31,6 +33,8 @@ rule report_acceptance:
         "logs/report/acceptance.log",
     benchmark:
         "results/benchmarks/report/acceptance.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("report", script="report_plot"),
@@ -49,6 +53,8 @@ rule report_vocab_coverage:
         "logs/report/vocab_coverage.log",
     benchmark:
         "results/benchmarks/report/vocab_coverage.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("report", script="report_plot"),
@@ -66,6 +72,8 @@ rule report_hidden_states_disk:
         "logs/report/hidden_states_disk.log",
     benchmark:
         "results/benchmarks/report/hidden_states_disk.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("report", script="report_plot"),
@@ -85,6 +93,8 @@ rule report_wall_times:
         "logs/report/wall_times.log",
     benchmark:
         "results/benchmarks/report/wall_times.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("report", script="report_plot"),

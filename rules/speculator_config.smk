@@ -12,6 +12,8 @@ rule speculator_config:
         "logs/speculator_config.log",
     benchmark:
         "results/benchmarks/speculator_config.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("speculator_config", script="speculator_config"),

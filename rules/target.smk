@@ -13,6 +13,8 @@ if TARGET.needs_rule:
             "logs/target_model.log",
         benchmark:
             "results/benchmarks/target_model.tsv"
+        conda:
+            "../envs/gpu.yaml"
         threads: 1
         params:
             code=code("target_model", script="target_model"),

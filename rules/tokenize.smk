@@ -14,6 +14,8 @@ rule tokenize:
         "logs/tokenize.log",
     benchmark:
         "results/benchmarks/tokenize.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("tokenization", script="tokenize"),

@@ -21,6 +21,8 @@ rule train:
         "logs/train.log",
     benchmark:
         "results/benchmarks/train.tsv"
+    conda:
+        "../envs/gpu.yaml"
     # torch threads on CPU (AdamW, 1 thread: ~240 tok/s on SmolLM2-135M)
     threads: 2
     resources:

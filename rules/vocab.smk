@@ -13,6 +13,8 @@ rule vocab:
         "logs/vocab.log",
     benchmark:
         "results/benchmarks/vocab.tsv"
+    conda:
+        "../envs/gpu.yaml"
     threads: 1
     params:
         code=code("vocab", script="vocab"),

@@ -10,6 +10,14 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def pytest_collection_modifyitems(items):
+    """A test that reads the tiny DAG's run (tiny_run) is in the `dag` tier, marked or not, so
+    none lands in the fast tier (`-m "not slow and not dag"`) by accident."""
+    for item in items:
+        if "tiny_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.dag)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """An 8-layer random Llama (hidden 128, head_dim 64) with a local ChatML tokenizer."""
@@ -40,7 +48,8 @@ PROMPTS = [
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_model):
     """The whole chain to results/lineage.json on the tiny model (real vLLM CPU + Trainer), once
-    per session: tests read it, or copy it (workflow.copy_run) before changing anything."""
+    per session: tests read it, or copy it (workflow.copy_run) before changing anything. Tests
+    that use it are marked `dag` (pytest_collection_modifyitems above)."""
     from workflow import snakemake, write_config
 
     if os.environ.get("DRAFTLINE_TINY_RUN"):  # reuse a finished run while iterating on tests

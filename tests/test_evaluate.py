@@ -206,6 +206,7 @@ def _sum(metrics, name):
     return sum(m.value for m in values)
 
 
+@pytest.mark.dag
 def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
     result, readings = evaluation["json"], evaluation["readings"]
     # before/after each set's timed generate (test, then mine): target alone, then each draft
@@ -226,6 +227,7 @@ def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
         assert draft["acceptance_per_position"] == pytest.approx([n / c[DRAFTS] for n in per_pos])
 
 
+@pytest.mark.dag
 def test_counters_agree_with_independent_relations(evaluation):
     result = evaluation["json"]
     test = result["sets"]["test"]
@@ -247,6 +249,7 @@ def test_counters_agree_with_independent_relations(evaluation):
     assert untrained["mean_acceptance_length"] < trained["mean_acceptance_length"]
 
 
+@pytest.mark.dag
 def test_named_prompt_sets_are_measured_in_the_same_job_and_reported_apart(evaluation):
     result = evaluation["json"]
     assert list(result["sets"]) == ["test", "mine"] and result["headline_set"] == "test"
@@ -258,6 +261,7 @@ def test_named_prompt_sets_are_measured_in_the_same_job_and_reported_apart(evalu
     assert mine["drafts"]["trained"]["mean_acceptance_length"] > 3.0
 
 
+@pytest.mark.dag
 def test_spread_comes_from_vllm_per_request_metrics(evaluation):
     """Each prompt's own acceptance (vLLM's per-request metrics) sums to the set's counters, and
     the bootstrap interval brackets the set's figure."""
@@ -287,6 +291,7 @@ def ev_spread(rows, seed=0):
     return spread(rows, seed=seed)
 
 
+@pytest.mark.dag
 def test_baseline_is_measured_in_the_same_run(evaluation):
     result = evaluation["json"]
     # one evaluate() call loaded the target alone, then with each draft, in that order
@@ -303,6 +308,7 @@ def test_baseline_is_measured_in_the_same_run(evaluation):
     ]
 
 
+@pytest.mark.dag
 def test_untrained_draft_is_a_fresh_draft_of_the_same_config(evaluation):
     import torch
     from safetensors.torch import load_file

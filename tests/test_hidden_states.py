@@ -53,6 +53,7 @@ def extracted(tiny_model, dataset, tmp_path_factory):
     return root, manifest
 
 
+@pytest.mark.dag
 def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extracted):
     root, manifest = extracted
     _, ids = dataset
@@ -82,6 +83,7 @@ def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extrac
     assert not list((root / ".staging").glob("shard_0-*"))
 
 
+@pytest.mark.dag
 def test_states_match_transformers_forward(tiny_model, dataset, extracted):
     """vLLM id i == transformers hidden_states[i] for i < n; id n is the last layer before the
     final norm (transformers' hidden_states[n] is after it)."""
@@ -111,6 +113,7 @@ def test_states_match_transformers_forward(tiny_model, dataset, extracted):
         hook.remove()
 
 
+@pytest.mark.dag
 def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_path):
     """A killed job's staged files are reused (same inode ends up published); broken ones redone."""
     root, _ = extracted
@@ -248,6 +251,7 @@ def test_view_rejects_missing_and_duplicate_rows(tmp_path):
     assert not (tmp_path / "all").exists()
 
 
+@pytest.mark.dag
 def test_trainer_reads_the_view(dataset, extracted):
     """speculators' own training dataset loads every row through the view."""
     from hs_connectors import FileTransfer

@@ -62,6 +62,7 @@ def _assert_parity(target, tmp_path, lengths, *, batch_tokens, atol, rtol):
                                               atol=atol, rtol=rtol)
 
 
+@pytest.mark.dag
 def test_transformers_backend_matches_vllm_tiny(tiny_model, tmp_path):
     """Every extracted layer of every token agrees with vLLM CPU's extraction (float32)."""
     _assert_parity(tiny_model, tmp_path, [5, 17, 33, 64, 9, 48, 1], batch_tokens=96, atol=1e-4, rtol=1e-4)

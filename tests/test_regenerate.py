@@ -82,6 +82,7 @@ def run(llm, tiny_model, tmp_path_factory):
     return rows, summary, recorder.calls, folder
 
 
+@pytest.mark.dag
 def test_rows_keep_ids_and_answers_replace_the_datasets(run):
     rows, summary, _, _ = run
     assert [r["id"] for r in rows] == ["multi", "single", "trailing-user", "shortened"]
@@ -98,6 +99,7 @@ def test_rows_keep_ids_and_answers_replace_the_datasets(run):
     assert summary["turns_generated"] == 6
 
 
+@pytest.mark.dag
 def test_turns_are_batched_and_later_turns_see_the_targets_own_answers(run):
     rows, _, calls, _ = run
     assert [len(prompts) for prompts, _ in calls] == [len(b) for b in BATCHES]
@@ -110,6 +112,7 @@ def test_turns_are_batched_and_later_turns_see_the_targets_own_answers(run):
     assert calls[0][1][0].outputs[0].text == by_id["multi"][2]["content"] != "DATASET ANSWER ONE"
 
 
+@pytest.mark.dag
 def test_answers_and_truncated_flag_follow_vllm_outputs(run):
     rows, summary, calls, _ = run
     by_id = {r["id"]: [m for m in r["messages"] if m["role"] == "assistant"] for r in rows}
@@ -125,6 +128,7 @@ def test_answers_and_truncated_flag_follow_vllm_outputs(run):
     assert truncated == summary["answers_truncated"] >= 1
 
 
+@pytest.mark.dag
 def test_summary_file_matches(run):
     _, summary, _, folder = run
     assert json.loads((folder / "summary.json").read_text()) == summary

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, Unavailable
 from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
 
-pytestmark = pytest.mark.slurm
+# the tiny DAG for real (vLLM extraction, the Trainer), through Slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.dag]
 
 PROFILE = REPO / "profiles" / "slurm"
 GPU_RULES = {"regenerate", "hidden_states_shard", "train", "evaluate"}

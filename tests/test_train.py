@@ -130,6 +130,7 @@ def trained(train_inputs, tmp_path_factory):
     return root, final
 
 
+@pytest.mark.dag
 def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, trained):
     import numpy as np
     from safetensors import safe_open
@@ -165,6 +166,7 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     np.testing.assert_array_equal(tensors["t2d"].numpy(), np.load(train_inputs.t2d))
 
 
+@pytest.mark.dag
 def test_final_checkpoint_loads_in_speculators(trained):
     from speculators.models.eagle3 import Eagle3DraftModel
 
@@ -173,6 +175,7 @@ def test_final_checkpoint_loads_in_speculators(trained):
     assert model.config.draft_vocab_size == DRAFT_VOCAB
 
 
+@pytest.mark.dag
 def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplog):
     """A job killed while saving epoch 2 resumes from epoch 1's checkpoint, not from scratch."""
     import logging
@@ -274,6 +277,7 @@ if __name__ == "__main__":  # vLLM spawns its engine process
 """
 
 
+@pytest.mark.dag
 def test_trained_draft_runs_as_eagle3_in_vllm(tiny_model, trained, tmp_path):
     """vLLM CPU loads final/ as an eagle3 draft; speculation does not change greedy outputs."""
     script = tmp_path / "vllm_check.py"
@@ -291,6 +295,7 @@ def test_trained_draft_runs_as_eagle3_in_vllm(tiny_model, trained, tmp_path):
     assert result["spec"] == result["plain"]
 
 
+@pytest.mark.dag
 def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_inputs, trained, caplog):
     """A changed learning rate trains a new run folder; once it publishes, the earlier run's
     folder (every epoch with optimizer state) is removed, unless keep_old_runs is set."""

@@ -64,11 +64,11 @@ def planned_jobs(
 
 
 # What a copy of the workflow needs (a test may edit the copy's code, never the repo's).
-WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles", "requirements")
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles", "requirements", "envs")
 
 
 def copy_workflow(dest: Path) -> Path:
-    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles, requirements)."""
+    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles, requirements, envs)."""
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for part in WORKFLOW_PARTS:
