@@ -56,15 +56,24 @@ TARGET_PATH = Path(TARGET_DIR)
 SHARDS = list(range(config["hidden_states"]["shards"]))
 
 
+def _set_gpus(rule):
+    """The `gpu` a profile or --set-resources sets for `rule`: None when unset, the text of an
+    expression only the job knows (e.g. "2 * attempt")."""
+    settings = (workflow.resource_settings.overwrite_resources or {}).get(rule)
+    gpu = settings.get("gpu") if settings is not None else None
+    value = getattr(gpu, "value", gpu)  # a Resource (9.x) or a plain value
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def _train_gpus():
     """GPUs the train rule asks for (its `gpu` resource as a profile or --set-resources sets it)."""
-    train = (workflow.resource_settings.overwrite_resources or {}).get("train")
-    gpu = train.get("gpu") if train is not None else None
-    value = getattr(gpu, "value", gpu)  # a Resource (9.x) or a plain value
-    try:
-        return int(value) if value not in (None, "") else 1
-    except (TypeError, ValueError):
-        return 1  # an expression only the job knows (e.g. "2 * attempt"): checked in the job
+    gpus = _set_gpus("train")
+    return gpus if isinstance(gpus, int) else 1  # an expression: checked in the job
 
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
@@ -92,6 +101,33 @@ onstart:
 
 wildcard_constraints:
     shard=r"\d+",
+
+
+# vLLM's split of the target over devices (target.tensor_parallel_size x pipeline_parallel_size):
+# every job that loads the target in vLLM asks for one GPU per rank (`gpu`, so the Slurm profile
+# submits --gpus accordingly and local jobs claim that many) and as many threads (on CPU each
+# rank is a worker process bound to a core of its own).
+VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+
+
+for _rule in ("regenerate", "hidden_states_shard", "evaluate"):
+    if _set_gpus(_rule) not in (None, VLLM_RANKS):
+        raise WorkflowError(
+            f"the profile (or --set-resources) gives rule {_rule} gpu={_set_gpus(_rule)}, but vLLM splits "
+            f"the target over target.tensor_parallel_size x pipeline_parallel_size = {VLLM_RANKS} GPUs and "
+            f"the rule asks for that many itself: remove `gpu` under {_rule} in the profile"
+        )
+
+
+def vllm_parallel():
+    """A param of the rules that load the target in vLLM: the split changes the order of float
+    reductions (answers and hidden states can differ in the last bits), so a change reruns them."""
+    return {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
+
+
+def extraction_parallel():
+    """vllm_parallel() for the vllm hidden-state backend; the transformers backend ignores it."""
+    return vllm_parallel() if config["hidden_states"]["backend"] == "vllm" else {}
 
 
 def code(*modules, script):
@@ -166,7 +202,7 @@ for _key in sorted(config):
 
 try:
     TARGET_SHAPE = target_shape(TARGET.kind, TARGET.dir)
-    check_config(config, TARGET_SHAPE)
+    check_config(config, TARGET_SHAPE, DEVICE)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 

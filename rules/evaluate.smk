@@ -28,10 +28,11 @@ rule evaluate:
         "results/benchmarks/evaluate.tsv"
     conda:
         "../envs/gpu.yaml"
-    # vLLM CPU threads (1 measured fastest on 2 shared cores)
-    threads: 1
+    # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank (1 measured
+    # fastest on 2 shared cores)
+    threads: VLLM_RANKS
     resources:
-        gpu=1,
+        gpu=VLLM_RANKS,
     params:
         code=code("evaluate", script="evaluate"),
         num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
@@ -45,6 +46,8 @@ rule evaluate:
         target_dir=TARGET_PATH,
         # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
         planned=RESOLVED["engine"],
+        # how vLLM splits the target (a change reruns: float reductions change)
+        parallel=vllm_parallel(),
         versions=versions("vllm", "speculators", "torch", "transformers"),
         chat_template=config["target"]["chat_template"],
         trust_remote_code=config["target"]["trust_remote_code"],

@@ -18,10 +18,11 @@ rule hidden_states_shard:
         "results/benchmarks/hidden_states/shard_{shard}.tsv"
     conda:
         "../envs/gpu.yaml"
-    # one thread per shard on CPU, so two shards run side by side on a 2-core machine
-    threads: 1
+    # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank, so two
+    # unsplit shards run side by side on a 2-core machine
+    threads: VLLM_RANKS
     resources:
-        gpu=1,
+        gpu=VLLM_RANKS,
     params:
         code=code("hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
@@ -30,6 +31,8 @@ rule hidden_states_shard:
         target_dir=TARGET_PATH,
         # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
         planned=RESOLVED["engine"],
+        # how vLLM splits the target (a change re-extracts: float reductions change)
+        parallel=extraction_parallel(),
         versions=versions("vllm", "torch", "transformers"),
         trust_remote_code=config["target"]["trust_remote_code"],
         chunk_rows=64,

@@ -15,10 +15,11 @@ rule regenerate:
         "results/benchmarks/regenerate.tsv"
     conda:
         "../envs/gpu.yaml"
-    # vLLM CPU binds its OpenMP threads to this many cores (1 measured fastest on 2 shared cores)
-    threads: 1
+    # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank (1 measured
+    # fastest on 2 shared cores)
+    threads: VLLM_RANKS
     resources:
-        gpu=1,
+        gpu=VLLM_RANKS,
     params:
         code=code("regenerate", script="regenerate"),
         max_new_tokens=config["regenerate"]["max_new_tokens"],
@@ -31,6 +32,8 @@ rule regenerate:
         target_dir=TARGET_PATH,
         # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
         planned=RESOLVED["engine"],
+        # how vLLM splits the target (a change reruns: float reductions change)
+        parallel=vllm_parallel(),
         versions=versions("vllm", "torch", "transformers"),
         chat_template=config["target"]["chat_template"],
         trust_remote_code=config["target"]["trust_remote_code"],

@@ -38,6 +38,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             chat_template=snakemake.params.chat_template,
             trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,
+            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
         ),
     )
     write_provenance(snakemake)  # results/eval/provenance.json

@@ -23,6 +23,7 @@ if __name__ == "__main__":
             enforce_eager=snakemake.params.planned["enforce_eager"],
             trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,
+            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
         ),
         backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
         rows_per_call=snakemake.params.chunk_rows,

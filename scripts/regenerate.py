@@ -26,6 +26,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             trust_remote_code=snakemake.params.trust_remote_code,
             enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,
+            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
         ),
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

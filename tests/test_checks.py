@@ -71,11 +71,43 @@ def test_unknown_target_shape_checks_only_what_the_config_knows():
         check_config(config(hidden_states={"shards": 9}, prompts={"max_samples": 3}), None)
 
 
+def small(**changes):
+    """config() within the tiny target's vocabulary and positions."""
+    return config(vocab={"draft_vocab_size": 256}, tokenize={"max_seq_len": 256}, **changes)
+
+
+@pytest.mark.parametrize(
+    "target, backend, device, message",
+    [
+        ({"tensor_parallel_size": 3}, "vllm", "cpu", r"^target.tensor_parallel_size = 3 does not divide the target's 2 attention heads"),
+        ({"tensor_parallel_size": 4}, "vllm", "cpu", r"^target.tensor_parallel_size = 4 does not divide"),
+        ({"pipeline_parallel_size": 2}, "vllm", "cuda", r"^target.pipeline_parallel_size = 2: .*extract_hidden_states"),
+        ({"pipeline_parallel_size": 2}, "transformers", "cpu", r"^target.pipeline_parallel_size = 2: vLLM's CPU build"),
+    ],
+)
+def test_parallel_sizes_vllm_cannot_run_stop_at_parse_time(target, backend, device, message):
+    shape = TargetShape(8, 128, 512, 1024, "tiny", num_attention_heads=2, num_key_value_heads=2)
+    with pytest.raises(ConfigError, match=message):
+        check_config(small(target=target, hidden_states={"backend": backend}), shape, device)
+
+
+def test_parallel_sizes_vllm_can_run():
+    check_config(small(target={"tensor_parallel_size": 2}), TargetShape(8, 128, 512, 1024, "tiny", 2, 2), "cpu")
+    # 8 attention heads, 2 KV heads: TP 4 keeps 2 query heads a rank and replicates each KV head twice
+    check_config(small(target={"tensor_parallel_size": 4}), TargetShape(8, 512, 512, 1024, "gqa", 8, 2), "cpu")
+    with pytest.raises(ConfigError, match="3 key/value heads"):
+        check_config(small(target={"tensor_parallel_size": 2}), TargetShape(8, 512, 512, 1024, "gqa", 6, 3), "cpu")
+    check_config(small(target={"pipeline_parallel_size": 2}, hidden_states={"backend": "transformers"}), TINY, "cuda")
+    check_config(small(target={"tensor_parallel_size": 3}), EMBEDDED_SHAPE, "cpu")  # 9 heads, 3 KV heads
+    check_config(small(target={"tensor_parallel_size": 3}), TINY, "cpu")  # heads unknown: vLLM checks
+
+
 def test_shape_read_from_the_folder_or_known_for_the_embedded_model(tiny_model, tmp_path):
     shape = target_shape("local", tiny_model)
     cfg = json.loads((tiny_model / "config.json").read_text())
     assert (shape.num_hidden_layers, shape.hidden_size, shape.vocab_size, shape.max_position_embeddings) == (
         cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], cfg["max_position_embeddings"])
+    assert (shape.num_attention_heads, shape.num_key_value_heads) == (2, 2)  # TP 2 splits them
     # Not materialized yet: the embedded model's known shape; a hub model: unknown.
     assert target_shape("embedded", tmp_path / "absent") == EMBEDDED_SHAPE
     assert target_shape("hub", tmp_path / "absent") is None

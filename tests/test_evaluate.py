@@ -309,6 +309,27 @@ def test_baseline_is_measured_in_the_same_run(evaluation):
 
 
 @pytest.mark.dag
+def test_tensor_parallel_evaluation_counts_the_same(evaluation, tiny_model):
+    """target.tensor_parallel_size 2 (target and draft split over two vLLM CPU workers): the
+    target alone and with the oracle draft, on the test set (two engines)."""
+    from draftline.evaluate import evaluate
+
+    tmp = evaluation["tmp"]
+    summary = evaluate(
+        tiny_model, {"test": tmp / "heldout.jsonl"}, {"trained": evaluation["oracle"]}, tmp / "acceptance_tp2.json",
+        EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=2, tensor_parallel_size=2),
+    )  # fmt: skip
+    assert summary["lossless"] is True and summary["settings"]["tensor_parallel_size"] == 2
+    split, whole = summary["sets"]["test"], evaluation["json"]["sets"]["test"]
+    counters = split["drafts"]["trained"]["counters"]
+    assert counters[DRAFTS] > 0 and len(counters[ACCEPTED_PER_POS]) == K
+    # the same prompts, output tokens and acceptance as the unsplit run
+    assert split["prompt_ids"] == whole["prompt_ids"] and split["output_tokens"] == whole["output_tokens"]
+    assert counters == whole["drafts"]["trained"]["counters"]
+    assert split["drafts"]["trained"]["mean_acceptance_length"] == whole["drafts"]["trained"]["mean_acceptance_length"]
+
+
+@pytest.mark.dag
 def test_untrained_draft_is_a_fresh_draft_of_the_same_config(evaluation):
     import torch
     from safetensors.torch import load_file

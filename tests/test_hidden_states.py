@@ -1,7 +1,7 @@
 """Hidden-state extraction through vLLM CPU on the tiny model, its validation, sharding and view.
 
-Two engines are started in this module (one extraction, one resume); everything else reuses
-their output.
+Three engines are started in this module (one extraction, one resume, one extraction split
+over two tensor-parallel ranks); everything else reuses their output.
 """
 
 import json
@@ -113,6 +113,38 @@ def test_states_match_transformers_forward(tiny_model, dataset, extracted):
         hook.remove()
 
 
+# TP 2 vs unsplit, float32: measured max |difference| 8.2e-8, 1.4e-7, 1.8e-7, 2.5e-7 on layers
+# 2, 4, 5, 8 of these rows (values up to ~0.4): the split sums in another order, nothing more.
+SPLIT_ATOL = 2e-6
+
+
+@pytest.fixture(scope="module")
+def extracted_split(tiny_model, dataset, tmp_path_factory):
+    """The same rows extracted with target.tensor_parallel_size 2 (two vLLM CPU workers)."""
+    root = tmp_path_factory.mktemp("hs-tp2")
+    manifest = hs.extract_shard(
+        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
+        EngineSettings(dtype="float32", threads=2, enforce_eager=True, tensor_parallel_size=2), rows_per_call=4,
+    )
+    return root, manifest
+
+
+@pytest.mark.dag
+def test_tensor_parallel_states_match_unsplit_on_every_layer(tiny_model, dataset, extracted, extracted_split):
+    (whole, _), (split, manifest) = extracted, extracted_split
+    _, ids = dataset
+    layers = _layer_ids(tiny_model).extracted
+    assert manifest["tensor_parallel_size"] == 2 and manifest["num_rows"] == NUM_ROWS
+    assert manifest["staging_key"] != json.loads((whole / "shard_0" / hsf.MANIFEST).read_text())["staging_key"]
+    for i, row in enumerate(ids):
+        # one rank wrote every captured layer, not one layer or one rank's share of the hidden size
+        hsf.validate_hidden_state_file(split / "shard_0" / hsf.file_name(i), row, len(layers), 128, row=i, dtype="float32")
+        a = load_file(whole / "shard_0" / hsf.file_name(i))["hidden_states"]
+        b = load_file(split / "shard_0" / hsf.file_name(i))["hidden_states"]
+        for j, layer in enumerate(layers):
+            torch.testing.assert_close(b[:, j], a[:, j], rtol=0, atol=SPLIT_ATOL, msg=lambda m, j=j, layer=layer: f"row {i} layer {layer}: {m}")
+
+
 @pytest.mark.dag
 def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_path):
     """A killed job's staged files are reused (same inode ends up published); broken ones redone."""
@@ -152,6 +184,8 @@ def test_staging_key_depends_on_settings(tiny_model):
     assert base != hs.staging_key(tiny_model, [1, 4, 5, 8], "fp", "float32")
     assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "other", "float32")
     assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "bfloat16")
+    assert base == hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32", (1, 1))
+    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32", (2, 1))  # TP: other float sums
 
 
 def _write(path, hidden, tokens):
@@ -174,12 +208,19 @@ def test_validation_catches_broken_files(tmp_path):
         hsf.validate_hidden_state_file(good, [5, 6, 9, 8], 3, 16, row=7)
     with pytest.raises(hsf.HiddenStateFileError, match="token ids differ"):
         hsf.validate_hidden_state_file(good, ids[:3], 3, 16, row=7)
-    with pytest.raises(hsf.HiddenStateFileError, match="3 extracted layers|4 extracted layers"):
+    # wrong layer count, hidden size, dtype: the message names the file, its row and what is wrong
+    where = r"hs_7.safetensors \(dataset row 7\): "
+    with pytest.raises(hsf.HiddenStateFileError, match=where + r"hidden_states has shape \(4, 3, 16\), expected \[4, 4, 16\] \(4 extracted layers\)"):
         hsf.validate_hidden_state_file(good, ids, 4, 16, row=7)
-    with pytest.raises(hsf.HiddenStateFileError, match="expected"):
+    with pytest.raises(hsf.HiddenStateFileError, match=where + r"hidden_states has shape \(4, 3, 16\), expected \[4, 3, 32\]"):
         hsf.validate_hidden_state_file(good, ids, 3, 32, row=7)
-    with pytest.raises(hsf.HiddenStateFileError, match="dtype"):
+    with pytest.raises(hsf.HiddenStateFileError, match=where + "hidden_states dtype torch.float32, expected bfloat16"):
         hsf.validate_hidden_state_file(good, ids, 3, 16, row=7, dtype="bfloat16")
+    # one layer's tensor instead of the captured layers (the failure seen with distributed workers)
+    one_layer = tmp_path / "hs_8.safetensors"
+    _write(one_layer, torch.randn(4, 16), ids)
+    with pytest.raises(hsf.HiddenStateFileError, match=r"hs_8.safetensors \(dataset row 8\): hidden_states has shape \(4, 16\), expected \[seq_len, layers, hidden\]"):
+        hsf.validate_hidden_state_file(one_layer, ids, 3, 16, row=8)
     for bad_value in (float("nan"), float("inf")):
         bad = tmp_path / "bad.safetensors"
         hidden = torch.randn(4, 3, 16)

@@ -1,10 +1,12 @@
-"""Regeneration end to end with real vLLM CPU on the tiny model (one engine for the module)."""
+"""Regeneration end to end with real vLLM CPU on the tiny model (one engine for the module, and
+one split over two tensor-parallel ranks)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from draftline.engine import target_llm
+from draftline.engine import shutdown, target_llm
 from draftline.regenerate import RegenerateSettings, parse_conversation, regenerate
 
 SETTINGS = RegenerateSettings(max_new_tokens=6, max_model_len=160, enforce_eager=True, threads=1)
@@ -133,6 +135,32 @@ def test_summary_file_matches(run):
     _, summary, _, folder = run
     assert json.loads((folder / "summary.json").read_text()) == summary
     assert summary["generated_tokens"] > 0
+
+
+# target.tensor_parallel_size 2: two vLLM CPU workers, one core each
+SPLIT = replace(SETTINGS, tensor_parallel_size=2, threads=2)
+
+
+@pytest.fixture(scope="module")
+def split_llm(tiny_model):
+    engine = target_llm(tiny_model, SPLIT)
+    yield engine
+    shutdown(engine)
+
+
+def test_tensor_parallel_answers_are_token_identical(run, llm, split_llm, tiny_model, tmp_path):
+    _, _, _, folder = run
+    regenerate(tiny_model, folder / "prompts.jsonl", tmp_path / "split.jsonl", tmp_path / "split.json", SPLIT, llm=split_llm)
+    assert (tmp_path / "split.jsonl").read_bytes() == (folder / "conversations.jsonl").read_bytes()
+    assert json.loads((tmp_path / "split.json").read_text())["settings"]["tensor_parallel_size"] == 2
+    # Greedy answers of the random tiny target repeat one token; seeded sampling reaches many
+    # more, and must pick the same ones from the split logits.
+    sampled = {}
+    for name, engine in (("whole", llm), ("split", split_llm)):
+        settings = replace(SPLIT if name == "split" else SETTINGS, temperature=1.0, max_new_tokens=12)
+        regenerate(tiny_model, folder / "prompts.jsonl", tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json", settings, llm=engine)
+        sampled[name] = (tmp_path / f"{name}.jsonl").read_text()
+    assert sampled["split"] == sampled["whole"] != (folder / "conversations.jsonl").read_text()
 
 
 def test_bad_row_names_file_line_and_id():

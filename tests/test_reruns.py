@@ -8,11 +8,14 @@ with placeholders and `--touch` (the rerun decision reads only Snakemake's metad
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
 
-from workflow import AFTER_TOKENIZE, AFTER_TRAIN, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, write_config
+from workflow import (
+    AFTER_TOKENIZE, AFTER_TRAIN, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
+)
 
 TARGET = "results/lineage.json"
 
@@ -132,6 +135,34 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
         assert planned_jobs(workdir, TARGET, repo=repo) == AFTER_TOKENIZE
     finally:
         path.write_text(old)  # same content again: Snakemake's recorded checksum matches
+    assert planned_jobs(workdir, TARGET, repo=repo) == {}
+
+
+def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_run):
+    """A change of target.tensor_parallel_size reruns regeneration, hidden states, evaluation
+    and what follows (float sums change); those jobs ask for tp x pp GPUs, and a profile that
+    gives them another count stops the plan."""
+    repo, workdir = code_run
+    config = workdir / "config.yaml"
+    before = config.read_text()
+    edit_config(workdir, target={"tensor_parallel_size": 2})
+    try:
+        assert planned_jobs(workdir, TARGET, repo=repo) == {"regenerate": 1, **AFTER_TOKENIZE}
+        out = snakemake(workdir, "-n", "--cores", "4", TARGET, repo=repo).stdout
+        asks = {}  # rule -> (threads, gpu) from each planned job's block
+        for block in out.split("\n\n"):
+            rule = re.search(r"^rule (\w+):", block, re.M)
+            gpu = re.search(r"resources: .*\bgpu=(\d+)", block)
+            if rule and gpu:
+                threads = re.search(r"threads: (\d+)", block)
+                asks[rule.group(1)] = (int(threads.group(1)) if threads else 1, int(gpu.group(1)))
+        assert asks.pop("train")[1] == 1  # the draft's training is not split with the target
+        assert asks == {"regenerate": (2, 2), "hidden_states_shard": (2, 2), "evaluate": (2, 2)}, out[-3000:]
+        wrong = snakemake(workdir, "-n", "--set-resources=evaluate:gpu=1", TARGET, repo=repo, check=False)
+        assert wrong.returncode != 0
+        assert "gives rule evaluate gpu=1, but vLLM splits the target over" in wrong.stderr + wrong.stdout
+    finally:
+        config.write_text(before)
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
 
 

@@ -2,8 +2,9 @@
 
 Skipped (with the reason) where Slurm cannot be installed or started. The cluster declares a
 big node (32 CPUs, 256 GB, 2 GPUs) so the shipped profile's GPU-node requests schedule
-unchanged; nothing enforces them here. Regeneration is off to keep the test small (one vLLM
-engine less per run); the GPU rules exercised are the hidden-state shards and training.
+unchanged; nothing enforces them here. Regeneration is off in the pipeline runs to keep them
+small (one vLLM engine less per run); the GPU rules exercised are the hidden-state shards and
+training, and regeneration alone with the target split over 2 GPUs.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ def cluster(tmp_path_factory):
     slurm.stop()
 
 
-def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = ()) -> Path:
+def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = (), **changes: dict) -> Path:
     with open(workdir / "prompts.jsonl", "w") as f:
         for prompt, answer in CONVERSATIONS:
             f.write(json.dumps({"messages": [{"role": "user", "content": prompt},
                                              {"role": "assistant", "content": answer}]}) + "\n")
         for row in extra_rows:
             f.write(row + "\n")
-    write_config(workdir, {
+    config = {
         "target": {"model": str(tiny_model)},
         "prompts": {"sources": ["prompts.jsonl"], "validation": 0, "test": 1},
         "regenerate": {"enabled": False},
@@ -74,7 +75,10 @@ def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = ()) ->
         "hidden_states": {"shards": 2},
         "vocab": {"draft_vocab_size": 256},
         "train": {"epochs": 1, "total_seq_len": 256},
-    })
+    }
+    for section, values in changes.items():
+        config[section].update(values)
+    write_config(workdir, config)
     return workdir
 
 
@@ -192,6 +196,23 @@ def test_outputs_equal_a_local_run(slurm_run, local_run):
     assert wa.keys() == wb.keys()
     for key in wb:
         assert torch.allclose(wa[key], wb[key], atol=1e-6), key
+
+
+def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, cluster):
+    """target.tensor_parallel_size 2: the regeneration job asks for 2 GPUs, gets both from Slurm
+    and runs vLLM over two ranks (CPU workers here)."""
+    workdir = make_workdir(tmp_path, tiny_model, target={"tensor_parallel_size": 2},
+                           regenerate={"enabled": True, "max_new_tokens": 4})
+    start = len(cluster.sbatch_calls())
+    run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS,
+        "results/regenerated/conversations.jsonl", env=cluster.env())
+    calls = [c for c in cluster.sbatch_calls()[start:] if rule_of(c) == "regenerate"]
+    assert len(calls) == 1 and flag(calls[0], "--gpus") == "2", calls
+    assert flag(calls[0], "--cpus-per-gpu") == str(profile_resource("regenerate", "cpus_per_gpu"))
+    log = (workdir / "logs/regenerate.log").read_text()
+    assert re.search(r"Slurm job \d+: CUDA_VISIBLE_DEVICES=0,1 \(set by Slurm\)", log), log[-2000:]
+    summary = json.loads((workdir / "results/regenerated/summary.json").read_text())
+    assert summary["settings"]["tensor_parallel_size"] == 2 and summary["rows_out"] == len(CONVERSATIONS) - 1
 
 
 def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):

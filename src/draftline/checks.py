@@ -27,13 +27,15 @@ class TargetShape:
     vocab_size: int
     max_position_embeddings: int | None
     source: str  # where the numbers come from, for messages
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
 
 
 # SmolLM2-135M-Instruct as materialized from the packaged GGUF (resources/target/.../config.json);
 # known before the target_model job has written the folder.
 EMBEDDED_SHAPE = TargetShape(
     num_hidden_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192,
-    source="the embedded SmolLM2-135M-Instruct",
+    source="the embedded SmolLM2-135M-Instruct", num_attention_heads=9, num_key_value_heads=3,
 )
 
 
@@ -51,9 +53,12 @@ def shape_from_config(config_path: str | Path) -> TargetShape:
             f"{path}: no {', '.join(missing)}; is this a decoder-only language model's config.json?"
         )
     max_pos = text.get("max_position_embeddings")
+    heads = text.get("num_attention_heads")
+    kv_heads = text.get("num_key_value_heads", heads)
     return TargetShape(
         int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"]),
         int(max_pos) if max_pos else None, str(path),
+        int(heads) if heads else None, int(kv_heads) if kv_heads else None,
     )
 
 
@@ -68,12 +73,13 @@ def target_shape(kind: str, target_dir: str | Path) -> TargetShape | None:
     return None
 
 
-def check_config(config: dict, shape: TargetShape | None) -> None:
+def check_config(config: dict, shape: TargetShape | None, device: str | None = None) -> None:
     """Config values the target cannot serve, or that cannot work for the data; one ConfigError.
 
-    Only what is knowable from the config and the target's config.json: the rest (rows left
-    after tokenization) is checked by the disk_estimate rule before extraction.
+    Only what is knowable from the config, the planned device and the target's config.json:
+    the rest (rows left after tokenization) is checked by the disk_estimate rule before extraction.
     """
+    check_parallel(config["target"], config["hidden_states"].get("backend", "vllm"), device, shape)
     hs = config["hidden_states"]
     shards, max_samples = hs["shards"], config["prompts"]["max_samples"]
     if max_samples is not None and shards > max_samples:
@@ -92,6 +98,37 @@ def check_config(config: dict, shape: TargetShape | None) -> None:
             f"tokenize.max_seq_len = {max_seq_len} is above the target's maximum of "
             f"{shape.max_position_embeddings} positions (max_position_embeddings in "
             f"{shape.source}); set it to at most {shape.max_position_embeddings}"
+        )
+
+
+def check_parallel(target: dict, backend: str, device: str | None, shape: TargetShape | None) -> None:
+    """target.tensor_parallel_size / pipeline_parallel_size that vLLM (0.32, the pinned build)
+    would refuse, or fail on, in the middle of a job."""
+    tp, pp = target.get("tensor_parallel_size", 1), target.get("pipeline_parallel_size", 1)
+    if pp > 1 and backend == "vllm":
+        raise ConfigError(
+            f"target.pipeline_parallel_size = {pp}: vLLM's extract_hidden_states method "
+            "(hidden_states.backend: vllm) refuses pipeline parallelism (\"Pipeline parallelism is not "
+            "supported for this model\"); split the target with target.tensor_parallel_size instead"
+        )
+    if pp > 1 and device == "cpu":
+        raise ConfigError(
+            f"target.pipeline_parallel_size = {pp}: vLLM's CPU build fails with pipeline parallelism "
+            "(the second stage's worker stops in its first step); on CPU use target.tensor_parallel_size"
+        )
+    if shape is None:
+        return
+    heads, kv_heads = shape.num_attention_heads, shape.num_key_value_heads
+    if heads and heads % tp:
+        raise ConfigError(
+            f"target.tensor_parallel_size = {tp} does not divide the target's {heads} attention heads "
+            f"({shape.source}); use a divisor of {heads}"
+        )
+    # vLLM splits KV heads over the ranks, or replicates them when there are fewer than ranks
+    if kv_heads and (kv_heads % tp if tp <= kv_heads else tp % kv_heads):
+        raise ConfigError(
+            f"target.tensor_parallel_size = {tp} does not fit the target's {kv_heads} key/value heads "
+            f"({shape.source}): it must divide them, or be a multiple of them"
         )
 
 

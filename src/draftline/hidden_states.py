@@ -48,17 +48,24 @@ from draftline.engine import EngineSettings, default_dtype
 log = logging.getLogger(__name__)
 
 
-def staging_key(target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, dtype: str) -> str:
-    """Hash of everything that decides a file's content: staged files never cross settings."""
-    payload = json.dumps(
-        {
-            "target": digest(fingerprint(target_dir)),
-            "extracted": list(extracted),
-            "dataset": dataset_fingerprint,
-            "dtype": dtype,
-        },
-        sort_keys=True,
-    )
+def staging_key(
+    target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, dtype: str,
+    parallel: tuple[int, int] = (1, 1),
+) -> str:  # fmt: skip
+    """Hash of everything that decides a file's content: staged files never cross settings.
+
+    `parallel` is vLLM's (tensor, pipeline) split: it changes float reductions, so files of
+    another split are not reused (left out of the hash when unsplit, so keys stay as they were).
+    """
+    settings = {
+        "target": digest(fingerprint(target_dir)),
+        "extracted": list(extracted),
+        "dataset": dataset_fingerprint,
+        "dtype": dtype,
+    }
+    if tuple(parallel) != (1, 1):
+        settings["parallel"] = list(parallel)
+    payload = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -138,9 +145,12 @@ def extract_shard(
         if not row_ids:
             raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")
 
-    key = staging_key(target_dir, extracted, dataset._fingerprint, dtype)
-    staging = open_staging(staging_root, shard, key, {"target": str(target_dir), "extracted": extracted,
-                                                      "dataset_fingerprint": dataset._fingerprint, "dtype": dtype})
+    parallel = (engine.tensor_parallel_size, engine.pipeline_parallel_size)
+    key = staging_key(target_dir, extracted, dataset._fingerprint, dtype, parallel)
+    staging = open_staging(staging_root, shard, key, {
+        "target": str(target_dir), "extracted": extracted, "dataset_fingerprint": dataset._fingerprint,
+        "dtype": dtype, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
+    })  # fmt: skip
 
     todo = [
         r for r in rows
@@ -149,9 +159,9 @@ def extract_shard(
     reused = len(rows) - len(todo)
     log.info(
         "shard %d/%d: rows %d..%d (%d rows, %d tokens); %d already staged in %s, %d to extract; "
-        "layers %s, dtype %s, backend %s",
+        "layers %s, dtype %s, backend %s, tensor x pipeline parallel %d x %d",
         shard, num_shards, rows.start, rows.stop - 1, len(rows),
-        sum(len(ids_by_row[r]) for r in rows), reused, staging, len(todo), extracted, dtype, backend,
+        sum(len(ids_by_row[r]) for r in rows), reused, staging, len(todo), extracted, dtype, backend, *parallel,
     )  # fmt: skip
 
     done = backends.Extracted(0, 0.0, 0.0)
@@ -184,6 +194,8 @@ def extract_shard(
         "extract_seconds": round(done.extract_seconds, 2),
         "tokens_per_s": round(done.tokens / done.extract_seconds, 1) if done.extract_seconds > 0 else None,
         "backend": backend,
+        "tensor_parallel_size": parallel[0],
+        "pipeline_parallel_size": parallel[1],
         "target": str(target_dir),
         "staging_key": key,
         "versions": versions(),
