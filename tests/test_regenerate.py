@@ -148,6 +148,7 @@ def split_llm(tiny_model):
     shutdown(engine)
 
 
+@pytest.mark.dag
 def test_tensor_parallel_answers_are_token_identical(run, llm, split_llm, tiny_model, tmp_path):
     _, _, _, folder = run
     regenerate(tiny_model, folder / "prompts.jsonl", tmp_path / "split.jsonl", tmp_path / "split.json", SPLIT, llm=split_llm)
