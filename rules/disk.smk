@@ -5,8 +5,8 @@
 
 rule hidden_states_disk_estimate:
     input:
-        summary="results/tokenized/summary.json",
-        layer_ids="results/target/layer_ids.json",
+        summary=rules.tokenize.output.summary,
+        layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:
         "results/hidden_states/disk_estimate.json",

@@ -7,13 +7,13 @@
 rule evaluate:
     input:
         target=target_input(),
-        validation="results/prompts/validation.jsonl",
-        test="results/prompts/test.jsonl",
+        validation=rules.prompts.output.validation,
+        test=rules.prompts.output.test,
         prompt_sets=evaluation_prompt_set_files(),
-        draft="results/checkpoint/final",
-        config="results/config",
-        d2t="results/vocab/d2t.npy",
-        t2d="results/vocab/t2d.npy",
+        draft=rules.train.output[0],
+        config=rules.speculator_config.output[0],
+        d2t=rules.vocab.output.d2t,
+        t2d=rules.vocab.output.t2d,
     output:
         acceptance=report(
             "results/eval/acceptance.json",

@@ -6,10 +6,10 @@
 
 rule hidden_states_shard:
     input:
-        dataset="results/tokenized/dataset",
+        dataset=rules.tokenize.output.dataset,
         target=target_input(),
-        layer_ids="results/target/layer_ids.json",
-        disk_estimate="results/hidden_states/disk_estimate.json",  # stops here when over max_disk_gb
+        layer_ids=rules.layer_ids.output[0],
+        disk_estimate=rules.hidden_states_disk_estimate.output[0],  # stops here when over max_disk_gb
     output:
         directory("results/hidden_states/shard_{shard}"),
     log:

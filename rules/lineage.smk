@@ -10,8 +10,8 @@ localrules:
 
 rule lineage:
     input:
-        checkpoint="results/checkpoint/final",
-        acceptance="results/eval/acceptance.json",
+        checkpoint=rules.train.output[0],
+        acceptance=rules.evaluate.output.acceptance,
         plots=report_plots(),
     output:
         "results/lineage.json",

@@ -7,7 +7,7 @@ report: "../report/workflow.rst"
 
 rule report_loss:
     input:
-        final="results/checkpoint/final",
+        final=rules.train.output[0],
     output:
         report("results/report/loss.png", caption="../report/loss.rst", category="Training"),
     log:
@@ -26,7 +26,7 @@ rule report_loss:
 
 rule report_acceptance:
     input:
-        acceptance="results/eval/acceptance.json",
+        acceptance=rules.evaluate.output.acceptance,
     output:
         report("results/report/acceptance.png", caption="../report/acceptance.rst", category="Evaluation"),
     log:
@@ -45,8 +45,8 @@ rule report_acceptance:
 
 rule report_vocab_coverage:
     input:
-        token_freq="results/tokenized/token_freq.pt",
-        summary="results/vocab/summary.json",
+        token_freq=rules.tokenize.output.token_freq,
+        summary=rules.vocab.output.summary,
     output:
         report("results/report/vocab_coverage.png", caption="../report/vocab_coverage.rst", category="Data"),
     log:
@@ -85,8 +85,8 @@ rule report_hidden_states_disk:
 rule report_wall_times:
     input:
         # the last stages: every other stage's benchmark file exists once these do
-        final="results/checkpoint/final",
-        acceptance="results/eval/acceptance.json",
+        final=rules.train.output[0],
+        acceptance=rules.evaluate.output.acceptance,
     output:
         report("results/report/wall_times.png", caption="../report/wall_times.rst", category="Run"),
     log:

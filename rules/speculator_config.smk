@@ -5,7 +5,7 @@
 rule speculator_config:
     input:
         target=target_input(),
-        layer_ids="results/target/layer_ids.json",
+        layer_ids=rules.layer_ids.output[0],
     output:
         directory("results/config"),
     log:

@@ -8,12 +8,12 @@
 
 rule train:
     input:
-        config="results/config",
-        d2t="results/vocab/d2t.npy",
-        t2d="results/vocab/t2d.npy",
-        dataset="results/tokenized/dataset",
-        hidden_states="results/hidden_states/all",
-        layer_ids="results/target/layer_ids.json",
+        config=rules.speculator_config.output[0],
+        d2t=rules.vocab.output.d2t,
+        t2d=rules.vocab.output.t2d,
+        dataset=rules.tokenize.output.dataset,
+        hidden_states=rules.hidden_states_view.output[0],
+        layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:
         directory("results/checkpoint/final"),

@@ -3,7 +3,7 @@
 
 rule vocab:
     input:
-        token_freq="results/tokenized/token_freq.pt",
+        token_freq=rules.tokenize.output.token_freq,
         target=target_input(),
     output:
         d2t="results/vocab/d2t.npy",
