@@ -56,10 +56,10 @@ TARGET_PATH = Path(TARGET_DIR)
 SHARDS = list(range(config["hidden_states"]["shards"]))
 
 
-def _set_gpus(rule):
-    """The `gpu` a profile or --set-resources sets for `rule`: None when unset, the text of an
+def _set_gpus(step):
+    """The `gpu` a profile or --set-resources sets for `step` (a rule name); None when unset, the text of an
     expression only the job knows (e.g. "2 * attempt")."""
-    settings = (workflow.resource_settings.overwrite_resources or {}).get(rule)
+    settings = (workflow.resource_settings.overwrite_resources or {}).get(step)
     gpu = settings.get("gpu") if settings is not None else None
     value = getattr(gpu, "value", gpu)  # a Resource (9.x) or a plain value
     if value in (None, ""):
@@ -110,12 +110,12 @@ wildcard_constraints:
 VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
 
 
-for _rule in ("regenerate", "hidden_states_shard", "evaluate"):
-    if _set_gpus(_rule) not in (None, VLLM_RANKS):
+for _step in ("regenerate", "hidden_states_shard", "evaluate"):
+    if _set_gpus(_step) not in (None, VLLM_RANKS):
         raise WorkflowError(
-            f"the profile (or --set-resources) gives rule {_rule} gpu={_set_gpus(_rule)}, but vLLM splits "
+            f"the profile (or --set-resources) gives rule {_step} gpu={_set_gpus(_step)}, but vLLM splits "
             f"the target over target.tensor_parallel_size x pipeline_parallel_size = {VLLM_RANKS} GPUs and "
-            f"the rule asks for that many itself: remove `gpu` under {_rule} in the profile"
+            f"the rule asks for that many itself; remove `gpu` under {_step} in the profile"
         )
 
 
