@@ -18,7 +18,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from draftline.content_hash import digest
+from draftline.content_hash import HASH_LIMIT, digest
 from draftline.content_hash import fingerprint as _fingerprint
 
 FILE_NAME = "provenance.json"
@@ -78,9 +78,9 @@ def _json_safe(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def fingerprint(path: str | Path) -> dict:
-    """An input's fingerprint, without the provenance files inside it."""
-    return _fingerprint(path, skip=(FILE_NAME, ".snakemake_timestamp"))
+def fingerprint(path: str | Path, limit: int = HASH_LIMIT) -> dict:
+    """An input's fingerprint (content_hash.fingerprint), without the provenance files inside it."""
+    return _fingerprint(path, limit, skip=(FILE_NAME, ".snakemake_timestamp"))
 
 
 def provenance_record(
