@@ -118,9 +118,22 @@ def target_input():
 
 
 def conversations_to_tokenize():
+    """The regenerated conversations as `ancient`: their mtime changes whenever the merge runs
+    (a new shard count), their content only when regeneration_settings() does, which is what
+    tokenize follows."""
     if config["regenerate"]["enabled"]:
-        return "results/regenerated/conversations.jsonl"
+        return ancient("results/regenerated/conversations.jsonl")
     return "results/prompts/prompts.jsonl"
+
+
+def regeneration_settings():
+    """What decides the regenerated answers (target, settings, code, prompts by content):
+    rewritten only when those change, so tokenize reruns then and not for a new shard count."""
+    return "results/regenerated/settings.json" if config["regenerate"]["enabled"] else []
+
+
+def regeneration_shards():
+    return expand("results/regenerated/shard_{shard}", shard=range(config["regenerate"]["shards"]))
 
 
 def evaluation_prompt_set_files():

@@ -12,11 +12,14 @@ import json
 import pytest
 import yaml
 
-from workflow import AFTER_TOKENIZE, AFTER_TRAIN, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, write_config
+from workflow import (
+    AFTER_TOKENIZE, AFTER_TRAIN, REGENERATION, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, snakemake,
+    write_config,
+)
 
 TARGET = "results/lineage.json"
 
-AFTER_PROMPTS = {"prompts": 1, "regenerate": 1, **AFTER_TOKENIZE}
+AFTER_PROMPTS = {"prompts": 1, **REGENERATION, **AFTER_TOKENIZE}
 
 
 @pytest.fixture
@@ -84,6 +87,25 @@ def test_prompts_file_added_reruns_what_depends_on_prompts(run):
     config = yaml.safe_load((run / "config.yaml").read_text())
     edit_config(run, prompts={"sources": config["prompts"]["sources"] + ["more.jsonl"]})
     assert planned_jobs(run, TARGET) == AFTER_PROMPTS
+
+
+def test_a_new_regeneration_shard_count_reruns_nothing_after_the_merge(run):
+    """The answers do not depend on the shard count: the new shards take every answer from the
+    staged chunks (no engine starts), the merge writes the same bytes, and tokenize (which
+    follows results/regenerated/settings.json, not the merged file's mtime) and all after it
+    stay as they are."""
+    merged = run / "results/regenerated/conversations.jsonl"
+    before = merged.read_bytes()
+    tokenized = (run / "results/tokenized/summary.json").stat().st_mtime_ns
+    edit_config(run, regenerate={"shards": 3})
+    assert planned_jobs(run, TARGET) == {"regenerate_shard": 3, "regenerate_merge": 1}
+    snakemake(run, "--cores", "2", TARGET)
+    assert merged.read_bytes() == before
+    shards = [json.loads((run / f"results/regenerated/shard_{k}/summary.json").read_text()) for k in range(3)]
+    assert [s["answered"] for s in shards] == [0, 0, 0]
+    assert sum(s["reused"] for s in shards) == json.loads((run / "results/regenerated/summary.json").read_text())["rows_in"]
+    assert (run / "results/tokenized/summary.json").stat().st_mtime_ns == tokenized
+    assert planned_jobs(run, TARGET) == {}
 
 
 def test_unrelated_file_changes_plan_nothing(run):
@@ -155,7 +177,7 @@ def test_code_closure_follows_imports():
 
 def test_every_artifact_folder_has_provenance(tiny_run):
     folders = [
-        "results/prompts", "results/regenerated", "results/tokenized", "results/target",
+        "results/prompts", "results/regenerated", "results/regenerated/shard_0", "results/tokenized", "results/target",
         "results/hidden_states/shard_0", "results/hidden_states/shard_1", "results/hidden_states/all",
         "results/vocab", "results/config", "results/checkpoint/final",
     ]  # fmt: skip
@@ -200,7 +222,8 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
 
     lineage = json.loads((tiny_run / "results/lineage.json").read_text())
     rules = [step["rule"] for step in lineage["chain"]]
-    for earlier, later in [("prompts", "regenerate"), ("regenerate", "tokenize"), ("tokenize", "hidden_states_shard"),
+    for earlier, later in [("prompts", "regenerate_settings"), ("regenerate_settings", "regenerate_shard"),
+                           ("regenerate_shard", "regenerate_merge"), ("regenerate_merge", "tokenize"), ("tokenize", "hidden_states_shard"),
                            ("hidden_states_shard", "hidden_states_view"), ("hidden_states_view", "train")]:
         assert rules.index(earlier) < rules.index(later)  # fmt: skip
     assert rules.count("hidden_states_shard") == 2
