@@ -110,7 +110,7 @@ wildcard_constraints:
 VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
 
 
-for _step in ("regenerate", "hidden_states_shard", "evaluate"):
+for _step in ("regenerate_shard", "hidden_states_shard", "evaluate"):
     if _set_gpus(_step) not in (None, VLLM_RANKS):
         raise WorkflowError(
             f"the profile (or --set-resources) gives rule {_step} gpu={_set_gpus(_step)}, but vLLM splits "
@@ -152,9 +152,22 @@ def target_input():
 
 
 def conversations_to_tokenize():
+    """The regenerated conversations as `ancient`: their mtime changes whenever the merge runs
+    (a new shard count), their content only when regeneration_settings() does, which is what
+    tokenize follows."""
     if config["regenerate"]["enabled"]:
-        return "results/regenerated/conversations.jsonl"
+        return ancient("results/regenerated/conversations.jsonl")
     return "results/prompts/prompts.jsonl"
+
+
+def regeneration_settings():
+    """What decides the regenerated answers (target, settings, code, prompts by content):
+    rewritten only when those change, so tokenize reruns then and not for a new shard count."""
+    return "results/regenerated/settings.json" if config["regenerate"]["enabled"] else []
+
+
+def regeneration_shards():
+    return expand("results/regenerated/shard_{shard}", shard=range(config["regenerate"]["shards"]))
 
 
 def evaluation_prompt_set_files():

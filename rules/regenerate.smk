@@ -1,18 +1,66 @@
 # The target's own answers replace the dataset's (turn by turn, greedy by default), so the
 # draft learns the distribution it will have to predict. Skipped when regenerate.enabled is false.
+# One GPU job per shard of the prompts (regenerate.shards), merged in the prompts file's order.
+# Finished chunks survive a killed shard job in results/regenerated/.staging/<answer key>/ (not
+# an output, so Snakemake does not delete it): the rerun answers only the rest, and so does a
+# run with another shard count.
 
 
-rule regenerate:
+# What decides the answers: the params of regenerate_settings, which hashes them with the
+# prompts file into the answer key. regenerate.shards and chunk_conversations are not among them.
+REGENERATE_ANSWERS = dict(
+    code=code("regenerate", script="regenerate"),
+    max_new_tokens=config["regenerate"]["max_new_tokens"],
+    temperature=config["regenerate"]["temperature"],
+    top_p=config["regenerate"]["top_p"],
+    seed=config["regenerate"]["seed"],
+    # prompt + answer must fit what tokenize keeps, so no generated token is cut later
+    max_model_len=config["tokenize"]["max_seq_len"],
+    target=TARGET_IDENTITY,
+    # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
+    planned=RESOLVED["engine"],
+    # how vLLM splits the target (a change reruns: float reductions change)
+    parallel=vllm_parallel(),
+    versions=versions("vllm", "torch", "transformers"),
+    chat_template=config["target"]["chat_template"],
+    trust_remote_code=config["target"]["trust_remote_code"],
+)
+
+
+localrules:
+    regenerate_settings,
+
+
+# Cheap: tokenize reads this file (not the merged file's mtime) to know when the answers can
+# have changed, so a new shard count alone reruns nothing after the merge.
+rule regenerate_settings:
+    input:
+        conversations="results/prompts/prompts.jsonl",
+    output:
+        "results/regenerated/settings.json",
+    log:
+        "logs/regenerate/settings.log",
+    conda:
+        "../envs/gpu.yaml"
+    params:
+        **REGENERATE_ANSWERS,
+        # the merge's code: a fix there reruns what follows, the staged answers stay valid
+        merge_code=code("regenerate", script="regenerate_merge"),
+    script:
+        "../scripts/regenerate_settings.py"
+
+
+rule regenerate_shard:
     input:
         target=target_input(),
         conversations="results/prompts/prompts.jsonl",
+        settings="results/regenerated/settings.json",
     output:
-        conversations="results/regenerated/conversations.jsonl",
-        summary="results/regenerated/summary.json",
+        directory("results/regenerated/shard_{shard}"),
     log:
-        "logs/regenerate.log",
+        "logs/regenerate/shard_{shard}.log",
     benchmark:
-        "results/benchmarks/regenerate.tsv"
+        "results/benchmarks/regenerate/shard_{shard}.tsv"
     conda:
         "../envs/gpu.yaml"
     # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank (1 measured
@@ -21,21 +69,29 @@ rule regenerate:
     resources:
         gpu=VLLM_RANKS,
     params:
-        code=code("regenerate", script="regenerate"),
-        max_new_tokens=config["regenerate"]["max_new_tokens"],
-        temperature=config["regenerate"]["temperature"],
-        top_p=config["regenerate"]["top_p"],
-        seed=config["regenerate"]["seed"],
-        # prompt + answer must fit what tokenize keeps, so no generated token is cut later
-        max_model_len=config["tokenize"]["max_seq_len"],
-        target=TARGET_IDENTITY,
+        **REGENERATE_ANSWERS,
+        num_shards=config["regenerate"]["shards"],
+        chunk_conversations=config["regenerate"]["chunk_conversations"],
         target_dir=TARGET_PATH,
-        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
-        planned=RESOLVED["engine"],
-        # how vLLM splits the target (a change reruns: float reductions change)
-        parallel=vllm_parallel(),
-        versions=versions("vllm", "torch", "transformers"),
-        chat_template=config["target"]["chat_template"],
-        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/regenerate.py"
+
+
+rule regenerate_merge:
+    input:
+        shards=regeneration_shards(),
+        settings="results/regenerated/settings.json",
+    output:
+        conversations="results/regenerated/conversations.jsonl",
+        summary="results/regenerated/summary.json",
+    log:
+        "logs/regenerate/merge.log",
+    benchmark:
+        "results/benchmarks/regenerate/merge.tsv"
+    conda:
+        "../envs/gpu.yaml"
+    threads: 1
+    params:
+        code=code("regenerate", script="regenerate_merge"),
+    script:
+        "../scripts/regenerate_merge.py"

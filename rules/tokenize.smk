@@ -6,6 +6,8 @@ rule tokenize:
     input:
         target=target_input(),
         conversations=conversations_to_tokenize(),
+        # decides when regenerated conversations changed (their file is ancient): not for a new shard count
+        regeneration=regeneration_settings(),
     output:
         dataset=directory("results/tokenized/dataset"),
         token_freq="results/tokenized/token_freq.pt",

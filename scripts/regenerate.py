@@ -1,20 +1,22 @@
-"""Replace the dataset's answers with the target's own, turn by turn (see draftline.regenerate)."""
+"""Answer one shard of the prompts with the target, resuming from staged chunks (see draftline.regenerate)."""
 
 from draftline.devices import claim_gpus
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.regenerate import RegenerateSettings, regenerate
+from draftline.regenerate import RegenerateSettings, regenerate_shard
 from draftline.logs import log_to
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
-    regenerate(
+    regenerate_shard(
         str(snakemake.params.target_dir),
         snakemake.input.conversations,
-        snakemake.output.conversations,
-        snakemake.output.summary,
+        snakemake.input.settings,
+        int(snakemake.wildcards.shard),
+        snakemake.params.num_shards,
+        snakemake.output[0],
         RegenerateSettings(
             max_new_tokens=snakemake.params.max_new_tokens,
             temperature=snakemake.params.temperature,
@@ -27,6 +29,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,
             **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
+            chunk_conversations=snakemake.params.chunk_conversations,
         ),
     )
-    write_provenance(snakemake)  # provenance.json beside the artifact
+    write_provenance(snakemake)  # provenance.json inside the shard folder

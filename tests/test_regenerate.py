@@ -2,12 +2,15 @@
 one split over two tensor-parallel ranks)."""
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
 
 from draftline.engine import shutdown, target_llm
-from draftline.regenerate import RegenerateSettings, parse_conversation, regenerate
+from draftline.regenerate import (
+    RegenerateSettings, merge_shards, parse_conversation, regenerate, regenerate_shard, write_answer_settings,
+)
 
 SETTINGS = RegenerateSettings(max_new_tokens=6, max_model_len=160, enforce_eager=True, threads=1)
 
@@ -162,6 +165,112 @@ def test_tensor_parallel_answers_are_token_identical(run, llm, split_llm, tiny_m
         regenerate(tiny_model, folder / "prompts.jsonl", tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json", settings, llm=engine)
         sampled[name] = (tmp_path / f"{name}.jsonl").read_text()
     assert sampled["split"] == sampled["whole"] != (folder / "conversations.jsonl").read_text()
+
+
+# ---------------------------------------------------------------- shards, staging, merge
+
+# the rows above (one left out, one shortened) and single-turn ones: 12 conversations
+SHARD_ROWS = ROWS + [
+    {"id": f"q{i}", "source": "set-d", "messages": [{"role": "user", "content": q}]}
+    for i, q in enumerate(["Name a planet.", "Count to three.", "What is rain?", "Say hi.", "Why is ice cold?",
+                           "Spell cat.", "What is a tree?"])
+]  # fmt: skip
+
+
+def write_prompts(folder, rows=SHARD_ROWS):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_answer_settings(folder / "prompts.jsonl", folder / "settings.json", {"max_new_tokens": SETTINGS.max_new_tokens})
+    return folder / "prompts.jsonl", folder / "settings.json"
+
+
+def sharded_run(llm, tiny_model, folder, num_shards, settings):
+    """Every shard of `num_shards` with `llm`, then the merge; returns the shard summaries."""
+    prompts, answer_settings = write_prompts(folder)
+    shards = [folder / f"shard_{k}" for k in range(num_shards)]
+    summaries = [
+        regenerate_shard(tiny_model, prompts, answer_settings, k, num_shards, shards[k], settings, llm=llm)
+        for k in range(num_shards)
+    ]  # fmt: skip
+    merge_shards(shards, answer_settings, folder / "conversations.jsonl", folder / "summary.json")
+    return summaries
+
+
+@pytest.mark.dag
+def test_shards_merge_to_the_unsharded_file_byte_for_byte_with_readable_progress(llm, tiny_model, tmp_path, caplog):
+    prompts, _ = write_prompts(tmp_path / "one")
+    unsharded = regenerate(tiny_model, prompts, tmp_path / "one.jsonl", tmp_path / "one.json", SETTINGS, llm=llm)
+    with caplog.at_level(logging.INFO, logger="draftline.regenerate"):
+        # 3 shards of 4 conversations, 3 at a time: chunks and shards cut across one another
+        shards = sharded_run(llm, tiny_model, tmp_path / "three", 3, replace(SETTINGS, chunk_conversations=3))
+    merged = tmp_path / "three" / "conversations.jsonl"
+    assert merged.read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    summary = json.loads((tmp_path / "three" / "summary.json").read_text())
+    counters = ("rows_in", "rows_out", "turns_generated", "answers_truncated", "generated_tokens", "prompt_tokens",
+                "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long")  # fmt: skip
+    assert {k: summary[k] for k in counters} == {k: unsharded[k] for k in counters}
+    assert [(s["row_start"], s["row_stop"], s["answered"], s["reused"]) for s in shards] == [
+        (0, 4, 4, 0), (4, 8, 4, 0), (8, 12, 4, 0)]  # fmt: skip
+    # progress a person can read: done/total, speed, time left, truncations so far
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
+    assert len(progress) == 6  # two chunks (3 + 1 conversations) per shard
+    assert progress[1].startswith("progress: 4/4 conversations (100.0%), ")
+    assert " tok/s, about 0:00:00 left, " in progress[1] and " answers truncated so far" in progress[1]
+
+
+@pytest.mark.dag
+def test_a_crashed_shard_resumes_from_checked_chunks_answering_only_the_rest(llm, tiny_model, tmp_path):
+    """A shard that stopped after its first chunk: the rerun answers only the other
+    conversations (requests counted), discards a chunk whose file changed and the staging of
+    other settings, and publishes what an uninterrupted run does."""
+    folder, settings = tmp_path / "run", replace(SETTINGS, chunk_conversations=4)
+    sharded_run(llm, tiny_model, tmp_path / "reference", 1, settings)
+    prompts, answer_settings = write_prompts(folder)
+    crashing = RecordingLLM(llm)
+    chat = crashing.chat
+
+    def crash_on_the_second_chunk(prompts_, params, **kwargs):
+        if len(crashing.calls) == 2:  # chunk 1 took two calls (its multi-turn conversation)
+            raise RuntimeError("killed")
+        return chat(prompts_, params, **kwargs)
+
+    crashing.chat = crash_on_the_second_chunk
+    with pytest.raises(RuntimeError, match="killed"):
+        regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=crashing)
+    staging = folder / ".staging"
+    [key] = [d.name for d in staging.iterdir()]
+    assert sorted(p.name for p in (staging / key).iterdir()) == ["chunk_0-4.json", "chunk_0-4.jsonl"]
+    (staging / "0123456789abcdef").mkdir()  # staged with other settings: removed
+
+    rerun = RecordingLLM(llm)
+    summary = regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=rerun)
+    asked = [p[-1]["content"] for prompts_, _ in rerun.calls for p in prompts_]
+    assert len(asked) == len(set(asked))
+    first_users = {p[0]["content"] if p[0]["role"] == "user" else p[1]["content"] for prompts_, _ in rerun.calls for p in prompts_}
+    assert first_users == {r["messages"][0]["content"] for r in SHARD_ROWS[4:]}  # not the first chunk's again
+    assert (summary["answered"], summary["reused"]) == (8, 4)
+    assert [d.name for d in staging.iterdir()] == [key]
+    reference = (tmp_path / "reference" / "shard_0" / "conversations.jsonl").read_bytes()
+    assert (folder / "shard_0" / "conversations.jsonl").read_bytes() == reference
+
+    # a staged rows file changed after staging: that chunk is answered again, nothing else
+    rows_file = staging / key / "chunk_4-8.jsonl"
+    rows_file.write_text(rows_file.read_text().replace('"assistant"', '"assistant" ', 1))
+    again = RecordingLLM(llm)
+    summary = regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=again)
+    assert (summary["answered"], summary["reused"]) == (4, 8)
+    assert (folder / "shard_0" / "conversations.jsonl").read_bytes() == reference
+
+
+@pytest.mark.dag
+def test_merge_refuses_shards_that_do_not_tile_the_prompts(llm, tiny_model, tmp_path):
+    folder = tmp_path / "run"
+    sharded_run(llm, tiny_model, folder, 2, SETTINGS)
+    with pytest.raises(ValueError, match=r"shard_1: shard 1 of 2 from row 6, expected shard 0 of 1 from row 0"):
+        merge_shards([folder / "shard_1"], folder / "settings.json", tmp_path / "c.jsonl", tmp_path / "s.json")
+    other = write_answer_settings(folder / "prompts.jsonl", tmp_path / "other.json", {"max_new_tokens": 7})
+    with pytest.raises(ValueError, match=rf"shard_0: answered with key \w+, .*other.json has {other['key']}"):
+        merge_shards([folder / "shard_0", folder / "shard_1"], tmp_path / "other.json", tmp_path / "c.jsonl", tmp_path / "s.json")
 
 
 def test_bad_row_names_file_line_and_id():

@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from workflow import (
-    AFTER_TOKENIZE, AFTER_TRAIN, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE, AFTER_TRAIN, REGENERATION, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, snakemake,
+    write_config,
 )
 
 TARGET = "results/lineage.json"
 
-AFTER_PROMPTS = {"prompts": 1, "regenerate": 1, **AFTER_TOKENIZE}
+AFTER_PROMPTS = {"prompts": 1, **REGENERATION, **AFTER_TOKENIZE}
 
 
 @pytest.fixture
@@ -89,6 +90,25 @@ def test_prompts_file_added_reruns_what_depends_on_prompts(run):
     assert planned_jobs(run, TARGET) == AFTER_PROMPTS
 
 
+def test_a_new_regeneration_shard_count_reruns_nothing_after_the_merge(run):
+    """The answers do not depend on the shard count: the new shards take every answer from the
+    staged chunks (no engine starts), the merge writes the same bytes, and tokenize (which
+    follows results/regenerated/settings.json, not the merged file's mtime) and all after it
+    stay as they are."""
+    merged = run / "results/regenerated/conversations.jsonl"
+    before = merged.read_bytes()
+    tokenized = (run / "results/tokenized/summary.json").stat().st_mtime_ns
+    edit_config(run, regenerate={"shards": 3})
+    assert planned_jobs(run, TARGET) == {"regenerate_shard": 3, "regenerate_merge": 1}
+    snakemake(run, "--cores", "2", TARGET)
+    assert merged.read_bytes() == before
+    shards = [json.loads((run / f"results/regenerated/shard_{k}/summary.json").read_text()) for k in range(3)]
+    assert [s["answered"] for s in shards] == [0, 0, 0]
+    assert sum(s["reused"] for s in shards) == json.loads((run / "results/regenerated/summary.json").read_text())["rows_in"]
+    assert (run / "results/tokenized/summary.json").stat().st_mtime_ns == tokenized
+    assert planned_jobs(run, TARGET) == {}
+
+
 def test_unrelated_file_changes_plan_nothing(run):
     """Only declared inputs count: notes beside the data, or a new log, rerun nothing."""
     (run / "NOTES.txt").write_text("an unrelated file\n")
@@ -147,7 +167,7 @@ def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_ru
     before = config.read_text()
     edit_config(workdir, target={"tensor_parallel_size": 2})
     try:
-        assert planned_jobs(workdir, TARGET, repo=repo) == {"regenerate": 1, **AFTER_TOKENIZE}
+        assert planned_jobs(workdir, TARGET, repo=repo) == {**REGENERATION, **AFTER_TOKENIZE}
         out = snakemake(workdir, "-n", "--cores", "4", TARGET, repo=repo).stdout
         asks = {}  # rule -> (threads, gpu) from each planned job's block
         for block in out.split("\n\n"):
@@ -157,7 +177,7 @@ def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_ru
                 threads = re.search(r"threads: (\d+)", block)
                 asks[rule.group(1)] = (int(threads.group(1)) if threads else 1, int(gpu.group(1)))
         assert asks.pop("train")[1] == 1  # the draft's training is not split with the target
-        assert asks == {"regenerate": (2, 2), "hidden_states_shard": (2, 2), "evaluate": (2, 2)}, out[-3000:]
+        assert asks == {"regenerate_shard": (2, 2), "hidden_states_shard": (2, 2), "evaluate": (2, 2)}, out[-3000:]
         wrong = snakemake(workdir, "-n", "--set-resources=evaluate:gpu=1", TARGET, repo=repo, check=False)
         assert wrong.returncode != 0
         assert "gives rule evaluate gpu=1, but vLLM splits the target over" in wrong.stderr + wrong.stdout
@@ -186,7 +206,7 @@ def test_code_closure_follows_imports():
 
 def test_every_artifact_folder_has_provenance(tiny_run):
     folders = [
-        "results/prompts", "results/regenerated", "results/tokenized", "results/target",
+        "results/prompts", "results/regenerated", "results/regenerated/shard_0", "results/tokenized", "results/target",
         "results/hidden_states/shard_0", "results/hidden_states/shard_1", "results/hidden_states/all",
         "results/vocab", "results/config", "results/checkpoint/final",
     ]  # fmt: skip
@@ -231,7 +251,8 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
 
     lineage = json.loads((tiny_run / "results/lineage.json").read_text())
     rules = [step["rule"] for step in lineage["chain"]]
-    for earlier, later in [("prompts", "regenerate"), ("regenerate", "tokenize"), ("tokenize", "hidden_states_shard"),
+    for earlier, later in [("prompts", "regenerate_settings"), ("regenerate_settings", "regenerate_shard"),
+                           ("regenerate_shard", "regenerate_merge"), ("regenerate_merge", "tokenize"), ("tokenize", "hidden_states_shard"),
                            ("hidden_states_shard", "hidden_states_view"), ("hidden_states_view", "train")]:
         assert rules.index(earlier) < rules.index(later)  # fmt: skip
     assert rules.count("hidden_states_shard") == 2

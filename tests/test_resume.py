@@ -37,6 +37,46 @@ if _delay:
 '''
 
 
+# Imported by every Python process of a test run (on PYTHONPATH): makes each finished chunk of
+# regeneration slow to stage, so a kill lands mid-shard, and records every conversation turn
+# vLLM answered (first user message, turn) at LLM.chat, the engine's own entry point.
+REGENERATION_HOOKS = '''
+import importlib.machinery, json, os, sys, time
+_delay = float(os.environ.get("DRAFTLINE_TEST_SLOW_STAGING", "0"))
+if _delay:
+    _replace = os.replace
+    def replace(src, dst, *args, **kwargs):
+        _replace(src, dst, *args, **kwargs)
+        if "/.staging/" in os.fspath(dst) and os.fspath(dst).endswith(".json"):
+            time.sleep(_delay)
+    os.replace = replace
+_requests = os.environ.get("DRAFTLINE_TEST_REQUESTS")
+
+class _RecordChat:
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm.entrypoints.llm":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+        def patched(module):
+            exec_module(module)
+            chat = module.LLM.chat
+            def recorded(self, messages, *args, **kwargs):
+                outputs = chat(self, messages, *args, **kwargs)
+                with open(_requests, "a") as f:
+                    for m in messages:
+                        users = [x["content"] for x in m if x["role"] == "user"]
+                        f.write(json.dumps([users[0], len(users)]) + "\\n")
+                return outputs
+            module.LLM.chat = recorded
+        spec.loader.exec_module = patched
+        return spec
+
+if _requests:
+    sys.meta_path.insert(0, _RecordChat())
+'''
+
+
 def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """snakemake in its own process group, so one killpg takes it and every job it started."""
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
@@ -143,3 +183,51 @@ def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
     provenance = json.loads((run / "results/checkpoint/final/draftline_provenance.json").read_text())
     assert provenance["epochs"] == epochs
     assert (run / "results/checkpoint/final/provenance.json").is_file()
+
+
+@pytest.mark.slow
+def test_killed_regeneration_resumes_answering_each_conversation_once(tiny_run, tmp_path):
+    """SIGKILL mid-shard after a chunk is staged; the rerun answers only the conversations no
+    staged chunk holds (requests counted at vLLM's LLM.chat in both runs), and the merged file
+    is the uninterrupted run's (the tiny run's, answered in one chunk) byte for byte."""
+    run = copy_run(tiny_run, tmp_path / "run")
+    reference = (run / "results/regenerated/conversations.jsonl").read_bytes()
+    shutil.rmtree(run / "results/regenerated")  # a first run that got as far as the prompts
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["regenerate"]["chunk_conversations"] = 4  # not an answer setting: the same answers
+    write_config(run, config)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(REGENERATION_HOOKS)
+    killed_log, rerun_log = tmp_path / "killed-requests.jsonl", tmp_path / "rerun-requests.jsonl"
+    env = dict(os.environ, DRAFTLINE_TEST_SLOW_STAGING="3", DRAFTLINE_TEST_REQUESTS=str(killed_log),
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    target = "results/regenerated/conversations.jsonl"
+    staging = run / "results/regenerated/.staging"
+
+    proc = start(run, "--cores", "1", target, env=env)
+    kill_when(proc, lambda: any(staging.glob("*/chunk_*.json")))
+    chunks = [json.loads(p.read_text()) for p in staging.glob("*/chunk_*.json")]
+    staged = {rid for c in chunks for rid in c["ids"]}
+    prompts = [json.loads(line) for line in (run / "results/prompts/prompts.jsonl").read_text().splitlines()]
+    assert len(chunks) == 1 and len(staged) == 4 < len(prompts)
+    assert not (run / "results/regenerated/shard_0").exists()
+
+    rerun = ("--cores", "1", "--rerun-incomplete", target)
+    assert_locked_then_unlock(run, *rerun)
+    snakemake(run, *rerun, env=dict(env, DRAFTLINE_TEST_SLOW_STAGING="0", DRAFTLINE_TEST_REQUESTS=str(rerun_log)))
+
+    def turns(rows):
+        return {(users[0], t) for r in rows for users in [[m["content"] for m in r["messages"] if m["role"] == "user"]]
+                for t in range(1, len(users) + 1)}  # fmt: skip
+
+    killed = [tuple(json.loads(line)) for line in killed_log.read_text().splitlines()]
+    again = [tuple(json.loads(line)) for line in rerun_log.read_text().splitlines()]
+    assert set(killed) == turns(r for r in prompts if r["id"] in staged)  # the staged chunk, answered once
+    assert sorted(again) == sorted(turns(r for r in prompts if r["id"] not in staged))  # the rest, once each
+    assert not set(killed) & set(again)
+    summary = json.loads((run / "results/regenerated/shard_0/summary.json").read_text())
+    assert (summary["reused"], summary["answered"]) == (4, len(prompts) - 4)
+    assert (run / target).read_bytes() == reference
+    # same answers, same settings file: nothing after regeneration reruns
+    assert planned_jobs(run, "results/lineage.json") == {}

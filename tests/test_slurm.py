@@ -28,7 +28,7 @@ from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
 pytestmark = [pytest.mark.slurm, pytest.mark.dag]
 
 PROFILE = REPO / "profiles" / "slurm"
-GPU_RULES = {"regenerate", "hidden_states_shard", "train", "evaluate"}
+GPU_RULES = {"regenerate_shard", "hidden_states_shard", "train", "evaluate"}
 # Settings for a cluster without slurmdbd (docs/cluster.md), fast status checks.
 TEST_SLURM_ARGS = (
     # the fake GPUs are no CUDA devices: plan for the CPU torch the jobs have (the profile
@@ -206,13 +206,14 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
     start = len(cluster.sbatch_calls())
     run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS,
         "results/regenerated/conversations.jsonl", env=cluster.env())
-    calls = [c for c in cluster.sbatch_calls()[start:] if rule_of(c) == "regenerate"]
+    calls = [c for c in cluster.sbatch_calls()[start:] if rule_of(c) == "regenerate_shard"]
     assert len(calls) == 1 and flag(calls[0], "--gpus") == "2", calls
-    assert flag(calls[0], "--cpus-per-gpu") == str(profile_resource("regenerate", "cpus_per_gpu"))
-    log = (workdir / "logs/regenerate.log").read_text()
+    assert flag(calls[0], "--cpus-per-gpu") == str(profile_resource("regenerate_shard", "cpus_per_gpu"))
+    log = (workdir / "logs/regenerate/shard_0.log").read_text()
     assert re.search(r"Slurm job \d+: CUDA_VISIBLE_DEVICES=0,1 \(set by Slurm\)", log), log[-2000:]
     summary = json.loads((workdir / "results/regenerated/summary.json").read_text())
-    assert summary["settings"]["tensor_parallel_size"] == 2 and summary["rows_out"] == len(CONVERSATIONS) - 1
+    assert summary["settings"]["parallel"]["tensor_parallel_size"] == 2
+    assert summary["rows_out"] == len(CONVERSATIONS) - 1
 
 
 def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):

@@ -107,6 +107,8 @@ def fake_finished_run(workdir: Path, *targets: str, repo: Path = REPO) -> None:
     snakemake(workdir, "--touch", "--cores", "1", *targets, repo=repo)
 
 
+# Regeneration's jobs with the default one shard: its settings (the answer key), the shard, the merge.
+REGENERATION = {"regenerate_settings": 1, "regenerate_shard": 1, "regenerate_merge": 1}
 # What a dry run of results/lineage.json plans after a change at each stage (the tiny configs
 # use the target folder in place: no target_model job). The lineage covers the evaluation and
 # the report's plots, so they follow training.

@@ -3,25 +3,54 @@
 The draft learns to predict the *target's* tokens, so the training answers must be the
 target's own: for turn t each conversation is sent as system + user turns + the target's own
 answers to turns < t (never the dataset's), and the answer replaces the dataset's assistant
-turn t. A trailing user turn gets an answer too. Turns are batched across conversations (all
-first turns in one `LLM.chat` call, then all second turns, ...), which is what keeps vLLM busy.
+turn t. A trailing user turn gets an answer too. Turns are batched across the conversations of
+a chunk (all first turns in one `LLM.chat` call, then all second turns, ...), which is what
+keeps vLLM busy.
+
+Sharded and resumable, in three rules:
+- `write_answer_settings` (rule regenerate_settings, cheap): what decides the answers (target
+  identity, generation settings, code, versions, the prompts file by content) and its hash, the
+  *answer key*, in `results/regenerated/settings.json`. Tokenization follows this file rather
+  than the merged file's mtime, so a new shard count (the same answers) reruns nothing after
+  the merge.
+- `regenerate_shard` (rule regenerate_shard, one GPU job per shard): the conversations
+  `shard_rows(rows, k, shards)` of the prompts file, answered `chunk_conversations` at a time
+  through all their turns. Each finished chunk is kept, checked, in
+  `results/regenerated/.staging/<answer key>/` (no output, so Snakemake never deletes it): a
+  killed job's rerun answers only the conversations no chunk holds, and so does a job of a new
+  shard count. Staging of other keys is removed.
+- `merge_shards` (rule regenerate_merge, CPU): the shards' rows, streamed in the prompts
+  file's order, into `results/regenerated/conversations.jsonl`, their statistics summed.
+
+An answer does not depend on the shard or chunk its conversation lands in: each request's seed
+is a function of the conversation's index in the prompts file and the turn (and greedy
+decoding on CPU gives the same tokens in any batch).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
+import re
+import shutil
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from draftline.artifacts import conversations as conversation_file
-from draftline.engine import EngineSettings, target_llm
+from draftline.artifacts.hidden_states import shard_rows
+from draftline.atomic import atomic_dir, atomic_file
 from draftline.config_schema import default
+from draftline.content_hash import sha256_file
+from draftline.engine import EngineSettings, shutdown, target_llm
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +58,13 @@ ROLES = ("system", "user", "assistant")
 # Left free after each answer for the end-of-turn tokens the template appends, so the rendered
 # conversation still fits tokenize.max_seq_len and tokenization cuts nothing the target wrote.
 END_OF_TURN_ROOM = 8
+# Per-conversation counters; a shard's and the merged summary's are their sums.
+COUNTERS = (
+    "rows_in", "rows_out", "turns_generated", "answers_truncated", "answers_capped_by_context",
+    "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long", "generated_tokens", "prompt_tokens",
+)  # fmt: skip
+SHARD_CONVERSATIONS = "conversations.jsonl"  # in each shard folder, beside
+SHARD_SUMMARY = "summary.json"
 
 
 @dataclass(frozen=True)
@@ -40,6 +76,7 @@ class RegenerateSettings(EngineSettings):
     temperature: float = default("regenerate", "temperature")
     top_p: float = default("regenerate", "top_p")
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    chunk_conversations: int = default("regenerate", "chunk_conversations")  # not an answer setting
 
 
 @dataclass
@@ -89,7 +126,7 @@ def parse_conversation(row: Any, where: str) -> _Conversation:
 
 
 def read_conversations(path: str | Path) -> list[_Conversation]:
-    return [parse_conversation(row, f"{path} (row {i + 1})") for i, row in enumerate(conversation_file.read(path))]
+    return [parse_conversation(row, f"{path} (row {i + 1})") for i, row in enumerate(conversation_file.iter_rows(path))]
 
 
 class _LogProgress(tqdm):
@@ -112,31 +149,44 @@ def _prompt_len(tokenizer, messages: list[dict], chat_template: str | None) -> i
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def regenerate_conversations(llm, conversations: list[_Conversation], settings: RegenerateSettings, chat_template: str | None = None) -> tuple[list[dict], dict]:
-    """Answer every user turn of every conversation with `llm`; return (rows, statistics).
+@dataclass
+class Answered:
+    """One conversation's outcome: its regenerated row (None when its first prompt does not fit
+    max_model_len) and its counters (COUNTERS)."""
+
+    index: int  # in the prompts file
+    id: str
+    row: dict | None
+    stats: dict[str, int]
+
+
+def _sum_stats(stats: Iterable[dict[str, int]]) -> dict[str, int]:
+    total = dict.fromkeys(COUNTERS, 0)
+    for s in stats:
+        for k in COUNTERS:
+            total[k] += s[k]
+    return total
+
+
+def answer_conversations(
+    llm, conversations: Sequence[_Conversation], indices: Sequence[int], settings: RegenerateSettings,
+    chat_template: str | None = None,
+) -> list[Answered]:
+    """Answer every user turn of `conversations` (at `indices` of the prompts file) with `llm`.
 
     A turn whose prompt leaves no room to answer within max_model_len ends its conversation
-    there (turns before it are kept); a conversation whose first prompt does not fit is left out.
-    Both are counted. An answer cut at the token limit is kept and marked `"truncated": true`.
+    there (turns before it are kept); a conversation whose first prompt does not fit is left out
+    (row None). Both are counted. An answer cut at the token limit is kept and marked
+    `"truncated": true`.
     """
     from vllm import SamplingParams
 
     tokenizer = llm.get_tokenizer()
-    stats = {
-        "rows_in": len(conversations),
-        "turns_generated": 0,
-        "answers_truncated": 0,
-        "answers_capped_by_context": 0,
-        "rows_skipped_prompt_too_long": 0,
-        "rows_shortened_prompt_too_long": 0,
-        "generated_tokens": 0,
-        "prompt_tokens": 0,
-    }
-    started = time.monotonic()
-    max_turns = max(len(c.users) for c in conversations) if conversations else 0
+    stats = [{**dict.fromkeys(COUNTERS, 0), "rows_in": 1} for _ in conversations]
+    max_turns = max((len(c.users) for c in conversations), default=0)
     for turn in range(max_turns):
         batch, prompts, params = [], [], []
-        for index, conv in enumerate(conversations):
+        for k, conv in enumerate(conversations):
             if conv.stopped_at is not None or turn >= len(conv.users):
                 continue
             messages = conv.context(turn)
@@ -144,51 +194,94 @@ def regenerate_conversations(llm, conversations: list[_Conversation], settings: 
             if room < 1:
                 conv.stopped_at = turn
                 continue
-            batch.append(conv)
+            batch.append(k)
             prompts.append(messages)
             params.append(
                 SamplingParams(
                     max_tokens=min(settings.max_new_tokens, room),
                     temperature=settings.temperature,
                     top_p=settings.top_p,
-                    # per request, so an answer does not depend on what else is in the batch
-                    seed=settings.seed + 1000 * index + turn,
+                    # per request, from the conversation's place in the prompts file: an answer
+                    # depends neither on the batch nor on the shard or chunk it lands in
+                    seed=settings.seed + 1000 * indices[k] + turn,
                 )
             )
         if not batch:
             break
         log.info("turn %d: answering %d conversations", turn + 1, len(batch))
         outputs = llm.chat(prompts, params, use_tqdm=_LogProgress, chat_template=chat_template)
-        for conv, param, output in zip(batch, params, outputs, strict=True):
-            completion = output.outputs[0]
+        for k, param, output in zip(batch, params, outputs, strict=True):
+            completion, s = output.outputs[0], stats[k]
             answer = {"role": "assistant", "content": completion.text}
             if completion.finish_reason == "length":
                 answer["truncated"] = True
-                stats["answers_truncated"] += 1
-                stats["answers_capped_by_context"] += param.max_tokens < settings.max_new_tokens
-            conv.answers.append(answer)
-            stats["generated_tokens"] += len(completion.token_ids)
-            stats["prompt_tokens"] += len(output.prompt_token_ids or [])
-        stats["turns_generated"] += len(batch)
-        elapsed = time.monotonic() - started
-        log.info(
-            "turn %d done: %d answers so far, %d generated tokens, %.1f tok/s",
-            turn + 1, stats["turns_generated"], stats["generated_tokens"], stats["generated_tokens"] / max(elapsed, 1e-9),
-        )
+                s["answers_truncated"] += 1
+                s["answers_capped_by_context"] += param.max_tokens < settings.max_new_tokens
+            conversations[k].answers.append(answer)
+            s["turns_generated"] += 1
+            s["generated_tokens"] += len(completion.token_ids)
+            s["prompt_tokens"] += len(output.prompt_token_ids or [])
 
-    rows = []
-    for conv in conversations:
+    answered = []
+    for k, conv in enumerate(conversations):
+        s, row = stats[k], None
         if conv.stopped_at == 0:
-            stats["rows_skipped_prompt_too_long"] += 1
+            s["rows_skipped_prompt_too_long"] = 1
             log.warning("id %r left out: its first prompt does not fit max_model_len=%d", conv.id, settings.max_model_len)
-            continue
-        if conv.stopped_at is not None:
-            stats["rows_shortened_prompt_too_long"] += 1
-        rows.append({**conv.row, "messages": conv.messages()})
-    stats["rows_out"] = len(rows)
-    stats["seconds"] = round(time.monotonic() - started, 1)
-    stats["tokens_per_second"] = round(stats["generated_tokens"] / max(stats["seconds"], 1e-9), 1)
-    return rows, stats
+        else:
+            s["rows_shortened_prompt_too_long"] = int(conv.stopped_at is not None)
+            s["rows_out"] = 1
+            row = {**conv.row, "messages": conv.messages()}
+        answered.append(Answered(indices[k], conv.id, row, s))
+    return answered
+
+
+class _Progress:
+    """Conversations done / total, tokens/s, time left and truncations so far, logged after
+    every chunk (vLLM's own bar adds a line every 30 s within a chunk)."""
+
+    def __init__(self, total: int, reused: Iterable[dict[str, int]] = ()):
+        reused = list(reused)
+        self.total, self.done, self.answered_now = total, len(reused), 0
+        self.truncated = sum(s["answers_truncated"] for s in reused)
+        self.answers = sum(s["turns_generated"] for s in reused)
+        self.tokens_now = 0
+        self.started = time.monotonic()
+
+    def add(self, answered: Sequence[Answered]) -> None:
+        self.done += len(answered)
+        self.answered_now += len(answered)
+        self.truncated += sum(a.stats["answers_truncated"] for a in answered)
+        self.answers += sum(a.stats["turns_generated"] for a in answered)
+        self.tokens_now += sum(a.stats["generated_tokens"] for a in answered)
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        left = timedelta(seconds=round(elapsed / self.answered_now * (self.total - self.done)))
+        log.info(
+            "progress: %d/%d conversations (%.1f%%), %.1f tok/s, about %s left, %d of %d answers truncated so far",
+            self.done, self.total, 100 * self.done / max(self.total, 1), self.tokens_now / elapsed, left,
+            self.truncated, self.answers,
+        )  # fmt: skip
+
+    @property
+    def tokens_per_second(self) -> float:
+        return round(self.tokens_now / max(time.monotonic() - self.started, 1e-9), 1)
+
+
+def _runs(indices: Sequence[int], size: int) -> Iterator[list[int]]:
+    """Consecutive indices, at most `size` at a time: a staged chunk is always one contiguous
+    range, so staged chunks sort into the prompts file's order."""
+    chunk: list[int] = []
+    for i in indices:
+        if chunk and (len(chunk) == size or i != chunk[-1] + 1):
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk
+
+
+def _chat_template(settings: RegenerateSettings) -> str | None:
+    return Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
 
 
 def regenerate(
@@ -199,30 +292,356 @@ def regenerate(
     settings: RegenerateSettings,
     llm=None,
 ) -> dict:
-    """Read prompts-stage rows, regenerate their answers, publish rows and summary atomically."""
-    from draftline.atomic import atomic_file
-
+    """Every conversation in one process, nothing staged (the shards' rules do the same work
+    split up and resumable): read prompts-stage rows, regenerate their answers, publish rows and
+    summary atomically."""
     conversations = read_conversations(conversations_path)
     if not conversations:
         raise ValueError(f"{conversations_path}: no conversations to regenerate")
-    chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
+    chat_template = _chat_template(settings)
     log.info("%d conversations from %s; target %s; %s", len(conversations), conversations_path, target_dir, settings)
     load_started = time.monotonic()
     llm = llm or target_llm(target_dir, settings)
     log.info("target loaded in %.1f s", time.monotonic() - load_started)
-    rows, stats = regenerate_conversations(llm, conversations, settings, chat_template)
+    progress, answered = _Progress(len(conversations)), []
+    for chunk in _runs(range(len(conversations)), settings.chunk_conversations):
+        done = answer_conversations(llm, [conversations[i] for i in chunk], chunk, settings, chat_template)
+        progress.add(done)
+        answered += done
+    rows = [a.row for a in answered if a.row is not None]
     if not rows:
-        raise ValueError(
-            f"no conversation fits max_model_len={settings.max_model_len} (tokenize.max_seq_len); raise it"
-        )
+        raise ValueError(f"no conversation fits max_model_len={settings.max_model_len} (tokenize.max_seq_len); raise it")
     conversation_file.write(out_conversations, rows)
+    stats = _sum_stats(a.stats for a in answered)
+    stats["seconds"] = round(time.monotonic() - progress.started, 1)
+    stats["tokens_per_second"] = progress.tokens_per_second
     summary = {**stats, "settings": {k: v for k, v in vars(settings).items() if k != "threads"}}
-    with atomic_file(out_summary, encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
-        handle.write("\n")
+    _write_json(out_summary, summary)
+    _log_summary(stats, settings.max_new_tokens)
+    return summary
+
+
+def _log_summary(stats: dict, max_new_tokens: int | None) -> None:
     log.info(
-        "%d rows written (%d left out, %d shortened: prompt too long), %d answers truncated at %d tokens, %.1f tok/s",
+        "%d rows written (%d left out, %d shortened: prompt too long), %d answers truncated at %s tokens",
         stats["rows_out"], stats["rows_skipped_prompt_too_long"], stats["rows_shortened_prompt_too_long"],
-        stats["answers_truncated"], settings.max_new_tokens, stats["tokens_per_second"],
-    )
+        stats["answers_truncated"], max_new_tokens,
+    )  # fmt: skip
+
+
+def _write_json(path: str | Path, value: Any) -> None:
+    with atomic_file(path, encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2)
+        handle.write("\n")
+
+
+# ---------------------------------------------------------------- answer settings (the key)
+
+
+def write_answer_settings(
+    conversations_path: str | Path, out: str | Path, answers: dict, also: dict | None = None
+) -> dict:
+    """`results/regenerated/settings.json`: `answers` (everything else that decides the answers:
+    target identity, generation settings, code, versions), the prompts file by content, and
+    `key`, the hash of both. `also` (the merge's code) is recorded without entering the key:
+    a change there reruns what follows but keeps the staged answers."""
+    rows = conversation_file.count_rows(conversations_path)
+    if not rows:
+        raise ValueError(f"{conversations_path}: no conversations to regenerate")
+    prompts = {"rows": rows, "sha256": sha256_file(conversations_path)}
+    answers = json.loads(json.dumps(answers, sort_keys=True, default=str))
+    key = hashlib.sha256(json.dumps({"answers": answers, "prompts": prompts}, sort_keys=True).encode()).hexdigest()[:16]
+    record = {"key": key, "answers": answers, "prompts": prompts, "also": dict(sorted((also or {}).items()))}
+    _write_json(out, record)
+    log.info("answer key %s: %d conversations in %s (sha256 %s)", key, rows, conversations_path, prompts["sha256"][:12])
+    return record
+
+
+def read_answer_settings(path: str | Path) -> dict:
+    try:
+        record = json.loads(Path(path).read_text())
+        record["key"], record["prompts"]["rows"]  # noqa: B018 - the fields every reader uses
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a regeneration settings file ({err}); rerun rule regenerate_settings") from err
+    return record
+
+
+# ---------------------------------------------------------------- staging
+
+
+class StagedChunkError(ValueError):
+    """A staged chunk that is unreadable, of other settings, or does not match the prompts."""
+
+
+_CHUNK = re.compile(r"chunk_(\d+)-(\d+)\.json")
+
+
+@dataclass
+class _Chunk:
+    """A staged chunk: conversations start..stop-1 (contiguous) of the prompts file."""
+
+    start: int
+    stop: int
+    rows_path: Path
+    meta_path: Path
+    ids: list[str]
+    stats: list[dict[str, int]]
+
+
+class Staging:
+    """`<root>/<key>/chunk_<start>-<stop>.jsonl` (the kept rows, conversation-row format) and
+    `.json` (ids and counters of every conversation of the chunk, the rows file's sha256).
+    The .json is written last: a chunk without it was never finished."""
+
+    def __init__(self, root: str | Path, key: str):
+        self.root, self.key = Path(root), key
+        self.folder = self.root / key
+
+    def prepare(self) -> None:
+        # Chunks answered with other settings are never reusable.
+        if self.root.is_dir():
+            for stale in self.root.iterdir():
+                if stale.name != self.key and stale.is_dir():
+                    log.info("removing staged answers of other settings: %s", stale)
+                    shutil.rmtree(stale, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def stage(self, answered: Sequence[Answered]) -> None:
+        start, stop = answered[0].index, answered[-1].index + 1
+        assert [a.index for a in answered] == list(range(start, stop)), "a chunk is one contiguous range"
+        stem = self.folder / f"chunk_{start}-{stop}"
+        conversation_file.write(stem.with_suffix(".jsonl"), [a.row for a in answered if a.row is not None])
+        meta = {
+            "key": self.key, "start": start, "stop": stop, "ids": [a.id for a in answered],
+            "stats": [a.stats for a in answered], "rows_sha256": sha256_file(stem.with_suffix(".jsonl")),
+        }  # fmt: skip
+        _write_json(stem.with_suffix(".json"), meta)
+
+    def _open(self, meta_path: Path, start: int, stop: int) -> _Chunk:
+        rows_path = meta_path.with_suffix(".jsonl")
+        try:
+            meta = json.loads(meta_path.read_text())
+            ids, stats = meta["ids"], meta["stats"]
+            if meta["key"] != self.key or (meta["start"], meta["stop"]) != (start, stop):
+                raise StagedChunkError(f"{meta_path}: made for key {meta['key']}, rows {meta['start']}..{meta['stop']}")
+            if len(ids) != stop - start or len(stats) != stop - start or any(set(s) != set(COUNTERS) for s in stats):
+                raise StagedChunkError(f"{meta_path}: ids or counters do not cover rows {start}..{stop - 1}")
+            if sha256_file(rows_path) != meta["rows_sha256"]:
+                raise StagedChunkError(f"{rows_path}: changed since it was staged (sha256 differs)")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise err if isinstance(err, StagedChunkError) else StagedChunkError(f"{meta_path}: unreadable ({err})") from err
+        return _Chunk(start, stop, rows_path, meta_path, ids, stats)
+
+    def discard(self, chunk: _Chunk, reason: str) -> None:
+        log.warning("discarding staged chunk: %s", reason)
+        chunk.meta_path.unlink(missing_ok=True)
+        chunk.rows_path.unlink(missing_ok=True)
+
+    def chunks(self, rows: range) -> list[_Chunk]:
+        """Checked chunks holding conversations of `rows`, in order; unusable ones are deleted."""
+        found = []
+        for meta_path in self.folder.glob("chunk_*.json"):
+            match = _CHUNK.fullmatch(meta_path.name)
+            if not match:
+                continue
+            start, stop = int(match[1]), int(match[2])
+            if stop <= rows.start or start >= rows.stop:
+                continue  # another shard's
+            try:
+                found.append(self._open(meta_path, start, stop))
+            except StagedChunkError as err:
+                log.warning("discarding staged chunk: %s", err)
+                meta_path.unlink(missing_ok=True)
+                meta_path.with_suffix(".jsonl").unlink(missing_ok=True)
+        found.sort(key=lambda c: c.start)
+        kept, covered = [], -1
+        for chunk in found:
+            if chunk.start < covered:  # never written so; skip rather than answer twice
+                log.warning("ignoring staged chunk %s: it overlaps another", chunk.meta_path)
+                continue
+            kept.append(chunk)
+            covered = chunk.stop
+        return kept
+
+
+def _staged_rows(chunk: _Chunk, rows: range) -> Iterator[dict]:
+    """The chunk's kept rows inside `rows`, checked against the ids it was staged with."""
+    expected = [
+        (i, rid) for i, rid, s in zip(range(chunk.start, chunk.stop), chunk.ids, chunk.stats, strict=True) if s["rows_out"]
+    ]  # fmt: skip
+    got = 0
+    for (i, rid), row in zip(expected, conversation_file.iter_rows(chunk.rows_path), strict=False):
+        got += 1
+        if row["id"] != rid:
+            raise StagedChunkError(f"{chunk.rows_path}: row {got} has id {row['id']!r}, staged as {rid!r}; delete it and rerun")
+        if i in rows:
+            yield row
+    if got != len(expected):
+        raise StagedChunkError(f"{chunk.rows_path}: {got} rows, staged with {len(expected)}; delete it and rerun")
+
+
+# ---------------------------------------------------------------- one shard
+
+
+def regenerate_shard(
+    target_dir: str | Path,
+    conversations_path: str | Path,
+    settings_path: str | Path,
+    shard: int,
+    num_shards: int,
+    out_dir: str | Path,
+    settings: RegenerateSettings,
+    *,
+    staging_root: str | Path | None = None,
+    llm=None,
+) -> dict:
+    """Answer shard `shard` of `num_shards` of the prompts file into `out_dir` (its
+    `conversations.jsonl` and `summary.json`, published in one rename); return the summary.
+
+    `settings_path` is `write_answer_settings`' file (the answer key, the row count).
+    `staging_root` (default `<out_dir's parent>/.staging`) keeps finished chunks across a
+    killed job; conversations a valid chunk holds are not answered again.
+    """
+    out_dir = Path(out_dir)
+    answer = read_answer_settings(settings_path)
+    key, num_rows = answer["key"], answer["prompts"]["rows"]
+    rows = shard_rows(num_rows, shard, num_shards)
+    staging = Staging(staging_root or out_dir.parent / ".staging", key)
+    staging.prepare()
+    chunks = staging.chunks(rows)
+
+    # Staged ids against the prompts file, streamed; what no valid chunk holds is to answer.
+    staged_id = {i: (c, rid) for c in chunks for i, rid in zip(range(c.start, c.stop), c.ids, strict=True) if i in rows}
+    bad: dict[int, str] = {}
+    count = 0
+    for i, row in zip(rows, islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)):
+        count += 1
+        if i in staged_id and staged_id[i][1] != row["id"]:
+            bad.setdefault(id(staged_id[i][0]), f"{staged_id[i][0].meta_path}: row {i} is {staged_id[i][1]!r}, "
+                                                 f"the prompts file has {row['id']!r}")  # fmt: skip
+    if count != len(rows):
+        raise ValueError(f"{conversations_path}: has fewer rows than {settings_path} says ({num_rows}); rerun regenerate_settings")
+    for chunk in [c for c in chunks if id(c) in bad]:
+        staging.discard(chunk, bad[id(chunk)])
+    chunks = [c for c in chunks if id(c) not in bad]
+    staged = {i: c.stats[i - c.start] for c in chunks for i in range(c.start, c.stop) if i in rows}
+    todo = [i for i in rows if i not in staged]
+    log.info(
+        "shard %d/%d: conversations %d..%d of %d (%d); %d already answered in %s, %d to answer; %s",
+        shard, num_shards, rows.start, rows.stop - 1, num_rows, len(rows), len(staged), staging.folder, len(todo), settings,
+    )  # fmt: skip
+
+    progress = _Progress(len(rows), staged.values())
+    load_seconds = 0.0
+    if todo:
+        chat_template = _chat_template(settings)
+        own = llm is None
+        load_started = time.monotonic()
+        llm = llm or target_llm(target_dir, settings)
+        load_seconds = time.monotonic() - load_started
+        log.info("target %s loaded in %.1f s", target_dir, load_seconds)
+        progress.started = time.monotonic()
+        todo_set = set(todo)
+        # Stream the prompts again, one chunk of conversations in memory at a time.
+        pending: list[tuple[int, _Conversation]] = []
+        prompt_rows = islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)
+        for i, row in zip(rows, prompt_rows):
+            if i not in todo_set:
+                continue
+            if pending and (len(pending) == settings.chunk_conversations or i != pending[-1][0] + 1):
+                _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
+                pending = []
+            pending.append((i, parse_conversation(row, f"{conversations_path} (row {i + 1})")))
+        if pending:
+            _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
+        seconds = time.monotonic() - progress.started
+        if own:
+            shutdown(llm)
+    else:
+        seconds = 0.0
+
+    # Publish: every chunk's rows of this shard, in order, checked against the staged ids.
+    chunks = staging.chunks(rows)
+    held = [i for c in chunks for i in range(c.start, c.stop) if i in rows]
+    if held != list(rows):
+        raise RuntimeError(f"shard {shard}: staged chunks in {staging.folder} do not cover rows {rows.start}..{rows.stop - 1}")
+    stats = _sum_stats(c.stats[i - c.start] for c in chunks for i in range(c.start, c.stop) if i in rows)
+    summary = {
+        "shard": shard, "num_shards": num_shards, "row_start": rows.start, "row_stop": rows.stop,
+        "key": key, **stats, "answered": len(todo), "reused": len(rows) - len(todo),
+        "load_seconds": round(load_seconds, 1), "seconds": round(seconds, 1),
+        "tokens_per_second": progress.tokens_per_second if todo else None,
+    }  # fmt: skip
+    with atomic_dir(out_dir) as tmp:
+        conversation_file.write(tmp / SHARD_CONVERSATIONS, (row for c in chunks for row in _staged_rows(c, rows)))
+        _write_json(tmp / SHARD_SUMMARY, summary)
+    log.info("published %s: %d rows (%d answered now, %d from staging)", out_dir, stats["rows_out"], len(todo), summary["reused"])
+    _log_summary(stats, settings.max_new_tokens)
+    return summary
+
+
+def _answer_and_stage(llm, pending, settings, chat_template, staging: Staging, progress: _Progress) -> None:
+    indices = [i for i, _ in pending]
+    answered = answer_conversations(llm, [c for _, c in pending], indices, settings, chat_template)
+    staging.stage(answered)
+    progress.add(answered)
+
+
+# ---------------------------------------------------------------- merge
+
+
+def merge_shards(
+    shard_dirs: Sequence[str | Path], settings_path: str | Path, out_conversations: str | Path, out_summary: str | Path
+) -> dict:
+    """The shards' rows, streamed in shard order (= the prompts file's order), into
+    `out_conversations`; `out_summary` sums their counters. Errors when the shards do not
+    tile the prompts file or were made with other settings than `settings_path`."""
+    answer = read_answer_settings(settings_path)
+    summaries = []
+    expected_start = 0
+    for k, folder in enumerate(map(Path, shard_dirs)):
+        try:
+            s = json.loads((folder / SHARD_SUMMARY).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{folder / SHARD_SUMMARY}: unreadable ({err}); rerun regenerate_shard {k}") from err
+        if s["key"] != answer["key"]:
+            raise ValueError(f"{folder}: answered with key {s['key']}, {settings_path} has {answer['key']}; rerun regenerate_shard {k}")
+        if (s["shard"], s["num_shards"], s["row_start"]) != (k, len(shard_dirs), expected_start):
+            raise ValueError(
+                f"{folder}: shard {s['shard']} of {s['num_shards']} from row {s['row_start']}, expected shard {k} of "
+                f"{len(shard_dirs)} from row {expected_start}; rerun the regeneration shards"
+            )
+        expected_start = s["row_stop"]
+        summaries.append(s)
+    if expected_start != answer["prompts"]["rows"]:
+        raise ValueError(f"the shards cover {expected_start} conversations, {settings_path} has {answer['prompts']['rows']}")
+    stats = _sum_stats(summaries)
+    if not stats["rows_out"]:
+        max_model_len = answer["answers"].get("max_model_len")
+        raise ValueError(f"no conversation fits max_model_len={max_model_len} (tokenize.max_seq_len); raise it")
+
+    def rows() -> Iterator[dict]:
+        for folder, s in zip(map(Path, shard_dirs), summaries, strict=True):
+            n = 0
+            for row in conversation_file.iter_rows(folder / SHARD_CONVERSATIONS):
+                n += 1
+                yield row
+            if n != s["rows_out"]:
+                raise ValueError(f"{folder / SHARD_CONVERSATIONS}: {n} rows, its summary says {s['rows_out']}; rerun that shard")
+
+    conversation_file.write(out_conversations, rows())
+    answered = [s for s in summaries if s["answered"]]
+    seconds = sum(s["seconds"] for s in answered)
+    summary = {
+        **stats,
+        "seconds": round(seconds, 1),  # answering time summed over the shard jobs (GPU seconds)
+        "tokens_per_second": round(sum(s["tokens_per_second"] * s["seconds"] for s in answered) / seconds, 1) if seconds else None,
+        "shards": [{k: s[k] for k in ("shard", "row_start", "row_stop", "rows_out", "answered", "reused", "seconds",
+                                     "tokens_per_second")} for s in summaries],  # fmt: skip
+        "key": answer["key"],
+        "settings": answer["answers"],
+    }
+    _write_json(out_summary, summary)
+    log.info("merged %d shards into %s", len(shard_dirs), out_conversations)
+    _log_summary(stats, answer["answers"].get("max_new_tokens"))
     return summary

@@ -1,16 +1,17 @@
 """Conversation rows between stages: `results/prompts/{prompts,validation,test,rejects}.jsonl`
-and `results/regenerated/conversations.jsonl`.
+and `results/regenerated/conversations.jsonl` (and regeneration's own shard and staged-chunk
+rows, `results/regenerated/shard_<k>/conversations.jsonl`, `.staging/<key>/chunk_*.jsonl`).
 
 One JSON object per line: `{"id": str, "source": str, "messages": [{"role":
 "system"|"user"|"assistant", "content": str}, ...]}`; a regenerated assistant message cut at
 max_new_tokens carries `"truncated": true`. Written by prompts and regeneration, read by
-regeneration, tokenization and evaluation, all through `write` and `read`.
+regeneration, tokenization and evaluation, all through `write` and `read` (or `iter_rows`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from draftline.atomic import atomic_file
@@ -24,9 +25,9 @@ def write(path: str | Path, rows: Iterable[dict]) -> None:
             out.write("\n")
 
 
-def read(path: str | Path) -> list[dict]:
-    """Every row, each checked for a string `id` and a list `messages`; errors name file:line."""
-    rows = []
+def iter_rows(path: str | Path) -> Iterator[dict]:
+    """The rows one at a time (a file of 10^5 conversations is never held whole), each checked
+    for a string `id` and a list `messages`; errors name file:line. Blank lines are skipped."""
     with open(path, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -40,5 +41,15 @@ def read(path: str | Path) -> list[dict]:
                     f"{path}:{lineno}: expected an object with a string 'id' and a list 'messages' "
                     "(the prompts stage's format)"
                 )
-            rows.append(row)
-    return rows
+            yield row
+
+
+def count_rows(path: str | Path) -> int:
+    """How many rows `iter_rows` yields (non-blank lines), without parsing them."""
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def read(path: str | Path) -> list[dict]:
+    """Every row (see `iter_rows`)."""
+    return list(iter_rows(path))

@@ -1,0 +1,10 @@
+"""Merge the regeneration shards in the prompts file's order (see draftline.regenerate)."""
+
+from draftline.logs import log_to
+from draftline.provenance import write_provenance
+from draftline.regenerate import merge_shards
+
+if __name__ == "__main__":
+    log_to(snakemake.log[0])
+    merge_shards(snakemake.input.shards, snakemake.input.settings, snakemake.output.conversations, snakemake.output.summary)
+    write_provenance(snakemake)  # provenance.json beside the artifact
