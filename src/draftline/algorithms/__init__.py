@@ -73,6 +73,27 @@ class DraftAlgorithm(Protocol):
     def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict: ...
 
 
+class FusedAuxDraft:
+    """What EAGLE-3 and DFlash share: `fc` fuses the aux layers' hidden states into one, the
+    draft's own `lm_head` over the draft vocabulary with the d2t/t2d maps, and vLLM serving it
+    by `vllm_method`. An algorithm subclasses it and says the rest."""
+
+    name: str
+    vllm_method: str
+
+    def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
+        h = facts.hidden_size
+        return {
+            "fc.weight": [h, len(facts.aux_layer_ids) * h],
+            "lm_head.weight": [facts.draft_vocab_size, h],
+            "d2t": [facts.draft_vocab_size],
+            "t2d": [facts.target_vocab_size],
+        }
+
+    def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
+        return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
+
+
 def get(name: str) -> DraftAlgorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"draft.algorithm {name!r}: expected one of {', '.join(sorted(ALGORITHMS))}")

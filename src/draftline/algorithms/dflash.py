@@ -10,13 +10,11 @@ fields `from_training_args` sets), with the mask token resolved as the Trainer r
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from draftline.algorithms import ConfigFacts, DraftSettings
+from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
 from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
 
 
-class DFlash:
+class DFlash(FusedAuxDraft):
     name = "dflash"
     vllm_method = "dflash"
 
@@ -45,22 +43,10 @@ class DFlash:
         # The block size and mask token come from the config (--from-pretrained).
         return ["--speculator-type", self.name]
 
-    def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
-        h = facts.hidden_size
-        return {
-            "fc.weight": [h, len(facts.aux_layer_ids) * h],
-            "lm_head.weight": [facts.draft_vocab_size, h],
-            "d2t": [facts.draft_vocab_size],
-            "t2d": [facts.target_vocab_size],
-        }
-
     def model_class(self):
         from speculators.models.dflash import DFlashDraftModel
 
         return DFlashDraftModel
-
-    def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
-        return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
 
 
 ALGORITHM = DFlash()

@@ -8,9 +8,7 @@ config fields `Eagle3DraftModel.from_training_args` sets, without instantiating 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from draftline.algorithms import ConfigFacts, DraftSettings
+from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
 
 
 def resolve_train_args(
@@ -64,7 +62,7 @@ def speculators_config(target: str, name: str, speculative_tokens: int):
     )
 
 
-class Eagle3:
+class Eagle3(FusedAuxDraft):
     name = "eagle3"
     vllm_method = "eagle3"
 
@@ -102,22 +100,10 @@ class Eagle3:
     def trainer_args(self, settings: DraftSettings) -> list[str]:
         return ["--speculator-type", self.name, "--ttt-steps", str(settings.ttt_steps)]
 
-    def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
-        h = facts.hidden_size
-        return {
-            "fc.weight": [h, len(facts.aux_layer_ids) * h],
-            "lm_head.weight": [facts.draft_vocab_size, h],
-            "d2t": [facts.draft_vocab_size],
-            "t2d": [facts.target_vocab_size],
-        }
-
     def model_class(self):
         from speculators.models.eagle3 import Eagle3DraftModel
 
         return Eagle3DraftModel
-
-    def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
-        return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
 
 
 ALGORITHM = Eagle3()
