@@ -80,6 +80,16 @@ class FusedAuxDraft:
 
     name: str
     vllm_method: str
+    aux_key: str  # the config.json key listing the aux layer ids
+
+    def config_facts(self, config: dict) -> ConfigFacts:
+        tl = config["transformer_layer_config"]
+        return ConfigFacts(
+            aux_layer_ids=[int(i) for i in config[self.aux_key]],
+            hidden_size=int(tl["hidden_size"]),
+            draft_vocab_size=int(config["draft_vocab_size"]),
+            target_vocab_size=int(tl["vocab_size"]),
+        )
 
     def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
         h = facts.hidden_size

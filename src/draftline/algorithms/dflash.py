@@ -10,12 +10,13 @@ fields `from_training_args` sets), with the mask token resolved as the Trainer r
 
 from __future__ import annotations
 
-from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
+from draftline.algorithms import DraftSettings, FusedAuxDraft
 from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
 
 
 class DFlash(FusedAuxDraft):
     name = "dflash"
+    aux_key = "aux_hidden_state_layer_ids"
     vllm_method = "dflash"
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
@@ -29,15 +30,6 @@ class DFlash(FusedAuxDraft):
         args["mask_token_id"] = resolve_mask_token_id(target, layer.vocab_size, args.get("mask_token_id"),
                                                       trust_remote_code=trust_remote_code)  # fmt: skip
         return DFlashSpeculatorConfig(**DFlashDraftModel._build_base_config_kwargs(self.name, layer, **args))
-
-    def config_facts(self, config: dict) -> ConfigFacts:
-        tl = config["transformer_layer_config"]
-        return ConfigFacts(
-            aux_layer_ids=[int(i) for i in config["aux_hidden_state_layer_ids"]],
-            hidden_size=int(tl["hidden_size"]),
-            draft_vocab_size=int(config["draft_vocab_size"]),
-            target_vocab_size=int(tl["vocab_size"]),
-        )
 
     def trainer_args(self, settings: DraftSettings) -> list[str]:
         # The block size and mask token come from the config (--from-pretrained).

@@ -8,7 +8,7 @@ config fields `Eagle3DraftModel.from_training_args` sets, without instantiating 
 
 from __future__ import annotations
 
-from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
+from draftline.algorithms import DraftSettings, FusedAuxDraft
 
 
 def resolve_train_args(
@@ -64,6 +64,7 @@ def speculators_config(target: str, name: str, speculative_tokens: int):
 
 class Eagle3(FusedAuxDraft):
     name = "eagle3"
+    aux_key = "eagle_aux_hidden_state_layer_ids"
     vllm_method = "eagle3"
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
@@ -86,15 +87,6 @@ class Eagle3(FusedAuxDraft):
             ),
             # The proposal length vLLM reads as a default: the depth the draft is trained for.
             speculators_config=speculators_config(target, self.name, args["ttt_steps"]),
-        )
-
-    def config_facts(self, config: dict) -> ConfigFacts:
-        tl = config["transformer_layer_config"]
-        return ConfigFacts(
-            aux_layer_ids=[int(i) for i in config["eagle_aux_hidden_state_layer_ids"]],
-            hidden_size=int(tl["hidden_size"]),
-            draft_vocab_size=int(config["draft_vocab_size"]),
-            target_vocab_size=int(tl["vocab_size"]),
         )
 
     def trainer_args(self, settings: DraftSettings) -> list[str]:
