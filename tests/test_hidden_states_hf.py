@@ -91,3 +91,47 @@ def test_unknown_backend_is_rejected(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="hidden_states.backend 'sglang'"):
         hs.extract_shard(tmp_path / "none", tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "out",
                          backend="sglang")
+
+
+def _llama_8b_config():
+    from transformers import LlamaConfig
+
+    # Llama-3.1-8B's shape (8.03 B parameters, 16 GB in bf16); never materialized (meta device)
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_a_target_too_big_for_one_gpu_is_split_over_the_jobs_gpus_in_whole_layers(gpus):
+    """The device map the transformers backend loads an 8B target with when the job holds 2 or
+    4 GPUs of 12 GiB each (16 GB of bf16 weights fit none of them alone)."""
+    from accelerate import init_empty_weights
+    from accelerate.utils import compute_module_sizes
+    from transformers import AutoModelForCausalLM
+
+    from draftline.backends.transformers import device_map_for, describe_device_map
+
+    config, room = _llama_8b_config(), 12 * 2**30
+    placement = device_map_for(config, dict.fromkeys(range(gpus), room), "bfloat16")
+    assert set(placement.values()) == set(range(gpus))  # every GPU holds a part, nothing offloaded
+    assert placement["model.embed_tokens"] == 0  # a batch enters on the first GPU
+    on = [placement[f"model.layers.{i}"] for i in range(32)]  # each decoder layer whole on one GPU
+    assert on == sorted(on)  # consecutive layers: a batch visits each GPU once
+    assert placement["model.norm"] == on[-1]
+    with init_empty_weights():
+        sizes = compute_module_sizes(AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16), dtype=torch.bfloat16)
+    held = {g: sum(sizes[name] for name, where in placement.items() if where == g) for g in range(gpus)}
+    assert all(b <= room for b in held.values())
+    # balanced: no GPU holds more than its share plus three layers' worth (the lm_head, 1 GB, is
+    # a unit of its own), none less than its share minus three
+    share, layer = sizes[""] / gpus, sizes["model.layers.0"]
+    assert all(share - 3 * layer <= b <= share + 3 * layer for b in held.values()), held
+    assert describe_device_map(placement).startswith("0: layers 0-")
+
+
+def test_a_target_that_does_not_fit_the_jobs_gpus_stops_naming_sizes():
+    from draftline.backends.transformers import device_map_for
+
+    with pytest.raises(ValueError, match=r"the target's 15\.0 GiB of bfloat16 weights do not fit the job's 2 GPU\(s\) "
+                                         r"\(GPU 0: 6\.0 GiB, GPU 1: 6\.0 GiB"):
+        device_map_for(_llama_8b_config(), {0: 6 * 2**30, 1: 6 * 2**30}, "bfloat16", source="8b")

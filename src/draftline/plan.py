@@ -44,6 +44,7 @@ class PlanError(RuntimeError):
 # ---------------------------------------------------------------- code
 
 
+@lru_cache(maxsize=None)
 def _imported_modules(path: Path, module: str) -> set[str]:
     """draftline modules imported anywhere in `path` (lazy imports inside functions too, and
     modules a registry names as a string)."""

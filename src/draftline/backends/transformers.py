@@ -14,6 +14,13 @@ Speed: rows are sorted by length and run in padded batches of up to `batch_token
 through the decoder only (no lm_head: the logits are not needed). Each batch's states are
 copied to pinned host memory on a side CUDA stream while the next batch computes, and
 writer threads save and validate the files meanwhile.
+
+Several GPUs: a job given more than one GPU (its `gpu` resource, target.tensor_parallel_size x
+pipeline_parallel_size) splits the target's layers over all of them with accelerate's balanced
+device map (`device_map`): whole decoder layers, about the same share of weights on each GPU, the
+embeddings on the first. A batch enters on the first GPU, flows layer by layer through the others
+(one GPU computes at a time: this is for targets that do not fit one GPU, not for speed), and the
+captured layers are gathered onto the first GPU before the copy to the host.
 """
 
 from __future__ import annotations
@@ -37,13 +44,24 @@ WRITERS = 4
 MAX_BATCHES_IN_FLIGHT = 4  # bounds pinned host memory held by batches waiting to be written (2 or 4: the same 29.4k tok/s on an H200, docs/gpu.md)
 
 
-def load_decoder(target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False):
-    """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`."""
+def load_decoder(
+    target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False, *, gpus: int = 1,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+):  # fmt: skip
+    """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`, or,
+    with `gpus` > 1 on CUDA, split over GPUs 0..gpus-1 by `device_map_for` (room for a batch of
+    `batch_tokens` tokens left on each)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    placement: str | dict = device
+    if device == "cuda" and gpus > 1:
+        config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
+        placement = device_map_for(config, gpu_memory(gpus, config, dtype, batch_tokens), dtype,
+                                   trust_remote_code=trust_remote_code, source=str(target_dir))  # fmt: skip
+        log.info("target split over %d GPUs: %s", gpus, describe_device_map(placement))
     model = AutoModelForCausalLM.from_pretrained(
-        str(target_dir), dtype=getattr(torch, dtype), device_map=device,
+        str(target_dir), dtype=getattr(torch, dtype), device_map=placement,
         trust_remote_code=trust_remote_code,
     )  # fmt: skip
     decoder = model.get_decoder()
@@ -53,6 +71,74 @@ def load_decoder(target_dir: str | Path, dtype: str, device: str, trust_remote_c
             f"norm input, but {type(decoder).__name__} has no `norm`; use hidden_states.backend: vllm"
         )
     return decoder.eval()
+
+
+def activation_bytes(config, dtype: str, batch_tokens: int) -> int:
+    """A bound on what one batch of `batch_tokens` tokens needs beside the weights on one GPU:
+    every layer's output (output_hidden_states keeps them all), the gathered captured layers and
+    the MLP's intermediate activations."""
+    import torch
+
+    itemsize = getattr(torch, dtype).itemsize
+    hidden, layers = int(config.hidden_size), int(config.num_hidden_layers)
+    intermediate = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
+    return batch_tokens * itemsize * (hidden * (layers + 1 + 4) + 3 * intermediate)
+
+
+def gpu_memory(gpus: int, config, dtype: str, batch_tokens: int) -> dict[int, int]:
+    """Bytes of weights each of GPUs 0..gpus-1 may hold: its free memory now, less one batch's
+    activations (`activation_bytes`) and 5% for CUDA's own allocations."""
+    import torch
+
+    reserve = activation_bytes(config, dtype, batch_tokens)
+    return {i: max(0, int(torch.cuda.mem_get_info(i)[0] * 0.95) - reserve) for i in range(gpus)}
+
+
+def device_map_for(
+    config, max_memory: dict[int, int], dtype: str, *, trust_remote_code: bool = False, source: str = "the target",
+) -> dict[str, int]:  # fmt: skip
+    """Which GPU each module of the target goes to when split over the GPUs of `max_memory`
+    (GPU index -> bytes of weights it may hold): accelerate's balanced map (`get_balanced_memory`,
+    then `infer_auto_device_map`), computed on an empty (meta) model, so nothing is loaded and
+    it runs anywhere. Decoder layers stay whole (the model's `_no_split_modules`), consecutive
+    layers share a GPU. Stops, naming the sizes, when the target does not fit those GPUs."""
+    import torch
+    from accelerate import init_empty_weights
+    from accelerate.utils import compute_module_sizes, get_balanced_memory, infer_auto_device_map
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    no_split = sorted(model._no_split_modules or [])
+    balanced = get_balanced_memory(model, max_memory=dict(max_memory), no_split_module_classes=no_split, dtype=torch_dtype)
+    placement = dict(infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split, dtype=torch_dtype))
+    off_gpu = sorted(name for name, where in placement.items() if not isinstance(where, int))
+    if off_gpu:
+        size = compute_module_sizes(model, dtype=torch_dtype)[""]
+        room = ", ".join(f"GPU {i}: {b / 2**30:.1f} GiB" for i, b in sorted(max_memory.items()))
+        raise ValueError(
+            f"{source}: the target's {size / 2**30:.1f} GiB of {dtype} weights do not fit the job's "
+            f"{len(max_memory)} GPU(s) ({room} free for weights after one batch's activations); "
+            f"{len(off_gpu)} modules would be left over ({off_gpu[0]} ...). Give the hidden-state job more "
+            "GPUs (target.pipeline_parallel_size or tensor_parallel_size: the job asks for their product), "
+            "or use hidden_states.backend: vllm"
+        )
+    return placement
+
+
+def describe_device_map(placement: dict) -> str:
+    """'cuda:0: embed_tokens, layers 0-13; cuda:1: layers 14-31, norm, ...' for the job log."""
+    by_device: dict = {}
+    for name, where in placement.items():
+        by_device.setdefault(where, []).append(name)
+    parts = []
+    for where, names in by_device.items():
+        layers = [int(n.rsplit(".", 1)[1]) for n in names if n.rsplit(".", 1)[0].endswith("layers") and n[-1].isdigit()]
+        others = [n.rsplit(".", 1)[-1] for n in names if not (n.rsplit(".", 1)[0].endswith("layers") and n[-1].isdigit())]
+        span = [f"layers {min(layers)}-{max(layers)}"] if layers else []
+        parts.append(f"{where}: " + ", ".join(span + others))
+    return "; ".join(parts)
 
 
 def batches(rows: Sequence[int], lengths: dict[int, int], batch_tokens: int, max_rows: int) -> list[list[int]]:
@@ -100,7 +186,9 @@ class HFExtractor:
             raise ValueError(f"the last extracted layer must be {self.n}, got {self.extracted}")
         self.hidden_size = hidden_size
         self.dtype = dtype
-        self.device = next(decoder.parameters()).device
+        # A batch enters where the embeddings are (with a device map, the first GPU); the
+        # captured layers are gathered there (`forward`).
+        self.device = decoder.get_input_embeddings().weight.device
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._last: list = []
@@ -124,7 +212,8 @@ class HFExtractor:
                     "(expected 1): this architecture does not follow the Llama layout"
                 )
             layers = [out.hidden_states[i] for i in self.extracted[:-1]] + [self._last[0]]
-            states = torch.stack(layers, dim=2)
+            # split over GPUs, each layer's states stay where it ran: gather them on the first
+            states = torch.stack([t.to(self.device) for t in layers], dim=2)
         self._last.clear()
         return states
 
@@ -227,14 +316,18 @@ class TransformersBackend:
         if device == "cpu" and engine.threads:
             torch.set_num_threads(int(engine.threads))
         t0 = time.perf_counter()
-        decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code)
+        batch_tokens = request.options.get("batch_tokens") or DEFAULT_BATCH_TOKENS
+        # The job's GPUs (claim_gpus set CUDA_VISIBLE_DEVICES to them): all of them hold the target.
+        gpus = torch.cuda.device_count() if device == "cuda" else 0
+        decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code,
+                               gpus=gpus, batch_tokens=batch_tokens)  # fmt: skip
         load_s = time.perf_counter() - t0
         log.info("transformers decoder ready on %s in %.1f s", device, load_s)
         extractor = HFExtractor(decoder, request.extracted, request.hidden_size, engine.dtype)
         t1 = time.perf_counter()
         tokens = run_batches(
             extractor, request.rows, request.token_ids, request.dest,
-            batch_tokens=request.options.get("batch_tokens") or DEFAULT_BATCH_TOKENS, max_rows=request.rows_per_call,
+            batch_tokens=batch_tokens, max_rows=request.rows_per_call,
         )  # fmt: skip
         return Extracted(tokens, load_s, time.perf_counter() - t1)
 
