@@ -44,24 +44,32 @@ WRITERS = 4
 MAX_BATCHES_IN_FLIGHT = 4  # bounds pinned host memory held by batches waiting to be written (2 or 4: the same 29.4k tok/s on an H200, docs/gpu.md)
 
 
-def load_decoder(
-    target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False, *, gpus: int = 1,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-):  # fmt: skip
-    """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`, or,
-    with `gpus` > 1 on CUDA, split over GPUs 0..gpus-1 by `device_map_for` (room for a batch of
-    `batch_tokens` tokens left on each)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def job_device_map(target_dir: str | Path, dtype: str, gpus: int, batch_tokens: int,
+                   trust_remote_code: bool = False) -> dict[str, int] | None:
+    """None for a job on one GPU (or none); else the split of the target over GPUs 0..gpus-1
+    (`device_map_for`), leaving room for a batch of `batch_tokens` tokens on each."""
+    from transformers import AutoConfig
 
-    placement: str | dict = device
-    if device == "cuda" and gpus > 1:
-        config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
-        placement = device_map_for(config, gpu_memory(gpus, config, dtype, batch_tokens), dtype,
-                                   trust_remote_code=trust_remote_code, source=str(target_dir))  # fmt: skip
-        log.info("target split over %d GPUs: %s", gpus, describe_device_map(placement))
+    if gpus <= 1:
+        return None
+    config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
+    placement = device_map_for(config, gpu_memory(gpus, config, dtype, batch_tokens), dtype,
+                               trust_remote_code=trust_remote_code, source=str(target_dir))  # fmt: skip
+    log.info("target split over %d GPUs: %s", gpus, describe_device_map(placement))
+    return placement
+
+
+def load_decoder(
+    target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False, *,
+    placement: dict | None = None,
+):  # fmt: skip
+    """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`, or
+    split over GPUs as `placement` (a device map, `job_device_map`) says."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(
-        str(target_dir), dtype=getattr(torch, dtype), device_map=placement,
+        str(target_dir), dtype=getattr(torch, dtype), device_map=placement or device,
         trust_remote_code=trust_remote_code,
     )  # fmt: skip
     decoder = model.get_decoder()
@@ -319,8 +327,8 @@ class TransformersBackend:
         batch_tokens = request.options.get("batch_tokens") or DEFAULT_BATCH_TOKENS
         # The job's GPUs (claim_gpus set CUDA_VISIBLE_DEVICES to them): all of them hold the target.
         gpus = torch.cuda.device_count() if device == "cuda" else 0
-        decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code,
-                               gpus=gpus, batch_tokens=batch_tokens)  # fmt: skip
+        placement = job_device_map(request.target_dir, engine.dtype, gpus, batch_tokens, engine.trust_remote_code)
+        decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code, placement=placement)
         load_s = time.perf_counter() - t0
         log.info("transformers decoder ready on %s in %.1f s", device, load_s)
         extractor = HFExtractor(decoder, request.extracted, request.hidden_size, engine.dtype)
