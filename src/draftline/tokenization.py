@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,18 +146,26 @@ class TokenizeSettings:
     trust_remote_code: bool = default("target", "trust_remote_code")
 
 
-def tokenize_rows(tokenizer, rows: list[dict], settings: TokenizeSettings, stop_ids: set[int], chat_template: str | None):
-    """Tokenize, truncate at max_seq_len and filter; returns (kept rows, kept ids, statistics)."""
-    stats = {
-        "rows_in": len(rows),
+def new_stats() -> dict:
+    return {
+        "rows_in": 0,
         "rows_truncated": 0,
         "tokens_cut_by_truncation": 0,
         "trainable_tokens_cut_by_truncation": 0,
         "rows_dropped_few_trainable_tokens": 0,
         "answers_truncated_at_generation": 0,
+        "rows": 0,
+        "total_tokens": 0,
+        "trainable_tokens": 0,
     }
-    kept, ids = [], []
+
+
+def iter_tokenized(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, stop_ids: set[int],
+                   chat_template: str | None, stats: dict, ids: list[str]) -> Iterator[dict]:
+    """Tokenize, truncate at max_seq_len and filter, one row at a time: yields each kept row's
+    `input_ids` and `loss_mask`, appends its id to `ids` and counts into `stats` (`new_stats`)."""
     for row in rows:
+        stats["rows_in"] += 1
         stats["answers_truncated_at_generation"] += sum(bool(m.get("truncated")) for m in row["messages"])
         tok = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"])
         if len(tok.input_ids) > settings.max_seq_len:
@@ -164,16 +173,51 @@ def tokenize_rows(tokenizer, rows: list[dict], settings: TokenizeSettings, stop_
             stats["tokens_cut_by_truncation"] += len(tok.input_ids) - settings.max_seq_len
             stats["trainable_tokens_cut_by_truncation"] += sum(tok.loss_mask[settings.max_seq_len :])
             tok = Tokenized(tok.input_ids[: settings.max_seq_len], tok.loss_mask[: settings.max_seq_len])
-        if sum(tok.loss_mask) < settings.min_trainable_tokens:
+        trainable = sum(tok.loss_mask)
+        if trainable < settings.min_trainable_tokens:
             stats["rows_dropped_few_trainable_tokens"] += 1
-            log.warning("id %r dropped: %d trainable tokens < tokenize.min_trainable_tokens=%d", row["id"], sum(tok.loss_mask), settings.min_trainable_tokens)
+            log.warning("id %r dropped: %d trainable tokens < tokenize.min_trainable_tokens=%d", row["id"], trainable, settings.min_trainable_tokens)
             continue
-        kept.append({"input_ids": tok.input_ids, "loss_mask": tok.loss_mask})
+        stats["rows"] += 1
+        stats["total_tokens"] += len(tok.input_ids)
+        stats["trainable_tokens"] += trainable
         ids.append(row["id"])
-    stats["rows"] = len(kept)
-    stats["total_tokens"] = sum(len(r["input_ids"]) for r in kept)
-    stats["trainable_tokens"] = sum(sum(r["loss_mask"]) for r in kept)
-    return kept, ids, stats
+        yield {"input_ids": tok.input_ids, "loss_mask": tok.loss_mask}
+
+
+ARROW_BATCH_ROWS = 1000
+
+
+def write_rows_arrow(path: Path, rows: Iterable[dict]) -> str:
+    """`input_ids` and `loss_mask` rows into an Arrow stream file (the format `Dataset.from_file`
+    maps), `ARROW_BATCH_ROWS` rows at a time, so no more than that is held; returns the sha256 of
+    the rows written (the dataset's fingerprint: the same rows give the same one)."""
+    import hashlib
+    from array import array
+
+    import pyarrow as pa
+
+    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64()))])
+    digest = hashlib.sha256()
+    batch: list[dict] = []
+
+    def flush(writer) -> None:
+        for row in batch:
+            for key in ("input_ids", "loss_mask"):
+                values = array("q", row[key])
+                digest.update(len(values).to_bytes(8, "little"))
+                digest.update(values.tobytes())
+        writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+        batch.clear()
+
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for row in rows:
+            batch.append(row)
+            if len(batch) >= ARROW_BATCH_ROWS:
+                flush(writer)
+        if batch:
+            flush(writer)
+    return digest.hexdigest()
 
 
 def load_tokenizer(target_dir: str | Path, trust_remote_code: bool = False):
@@ -208,34 +252,43 @@ def tokenize(
     if chat_template is None and tokenizer.chat_template is None:
         raise ValueError(f"{target_dir}: the tokenizer has no chat template; set target.chat_template to a Jinja file")
     stop_ids = stop_token_ids(target_dir, tokenizer)
-    rows = conversation_file.read(conversations_path)
-    kept, ids, stats = tokenize_rows(tokenizer, rows, settings, stop_ids, chat_template)
-    if not kept:
-        raise ValueError(
-            f"{conversations_path}: no conversation has >= {settings.min_trainable_tokens} trainable (assistant) tokens "
-            f"within max_seq_len={settings.max_seq_len}; see the counts above"
-        )
-
     out_dataset, out_token_freq, out_summary = Path(out_dataset), Path(out_token_freq), Path(out_summary)
     out_dataset.parent.mkdir(parents=True, exist_ok=True)
     # A fresh staging folder: speculators silently reuses an existing token_freq.pt.
     staging = Path(tempfile.mkdtemp(prefix=".tokenize.tmp-", dir=out_dataset.parent))
     try:
+        # Streamed: conversations are read, tokenized and written to an Arrow file one batch at
+        # a time, and every later step maps that file from disk, so memory stays flat in the
+        # number of conversations (benchmarks/results/plan_at_scale.md).
+        stats, ids = new_stats(), []
+        rows = conversation_file.iter_rows(conversations_path)
+        fingerprint = write_rows_arrow(
+            staging / "rows.arrow", iter_tokenized(tokenizer, rows, settings, stop_ids, chat_template, stats, ids)
+        )
+        if not stats["rows"]:
+            raise ValueError(
+                f"{conversations_path}: no conversation has >= {settings.min_trainable_tokens} trainable (assistant) tokens "
+                f"within max_seq_len={settings.max_seq_len}; see the counts above"
+            )
+        # The fingerprint from the rows' content, not the staging folder's random name, so the
+        # same conversations give the same dataset fingerprint (hidden-state staging keys use it).
+        tokenized = Dataset(Dataset.from_file(str(staging / "rows.arrow")).data, fingerprint=fingerprint)
         # speculators' pass-through for rows that already hold input_ids and loss_mask; its own
         # clipping/filtering finds nothing left to do (done above, so it is counted), and it
         # does not shuffle, so row i stays the i-th kept conversation.
         dataset = build_speculator_training_dataset(
-            Dataset.from_list(kept),
+            tokenized,
             tokenizer,
             max_length=settings.max_seq_len,
             num_proc=1,
             minimum_valid_tokens=settings.min_trainable_tokens,
         )
-        if len(dataset) != len(kept):
-            raise RuntimeError(f"speculators' preprocessing kept {len(dataset)} of {len(kept)} rows; expected all")
+        if len(dataset) != stats["rows"]:
+            raise RuntimeError(f"speculators' preprocessing kept {len(dataset)} of {stats['rows']} rows; expected all")
         save_token_frequency_distribution(dataset, staging / "token_freq.pt")
         dataset.save_to_disk(str(staging / "dataset"))
-        _verify(staging, kept)
+        _verify(staging, tokenized)
+        del dataset, tokenized
         summary = {**stats, "max_seq_len": settings.max_seq_len, "min_trainable_tokens": settings.min_trainable_tokens, "ids": ids}
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         # dataset and token_freq first, summary last: a finished summary means the rest is there
@@ -254,19 +307,20 @@ def tokenize(
     return summary
 
 
-def _verify(staging: Path, kept: list[dict]) -> None:
-    """Read back what was written: every row's ids and mask as produced, frequencies of trained tokens only."""
+def _verify(staging: Path, tokenized) -> None:
+    """Read back what was written: every row's ids and mask as tokenized (`tokenized`, the rows
+    file), frequencies of trained tokens only; row by row, nothing held whole."""
     from collections import Counter
 
     import torch
     from datasets import load_from_disk
 
     dataset = load_from_disk(str(staging / "dataset")).with_format(None)  # plain lists, not tensors
-    if len(dataset) != len(kept):
-        raise RuntimeError(f"written dataset has {len(dataset)} rows, expected {len(kept)}")
+    if len(dataset) != len(tokenized):
+        raise RuntimeError(f"written dataset has {len(dataset)} rows, expected {len(tokenized)}")
     expected = Counter()
-    for i, (written, row) in enumerate(zip(dataset, kept, strict=True)):
-        if list(written["input_ids"]) != row["input_ids"] or list(written["loss_mask"]) != row["loss_mask"] or written["seq_len"] != len(row["input_ids"]):
+    for i, (written, row) in enumerate(zip(dataset, tokenized.with_format(None), strict=True)):
+        if written["input_ids"] != row["input_ids"] or written["loss_mask"] != row["loss_mask"] or written["seq_len"] != len(row["input_ids"]):
             raise RuntimeError(f"written dataset row {i} differs from the tokenized conversation")
         expected.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
     freq = torch.load(staging / "token_freq.pt", weights_only=True)
