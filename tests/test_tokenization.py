@@ -120,8 +120,13 @@ def write_rows(path, rows):
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model, tmp_path):
+def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model, tmp_path, monkeypatch):
     from datasets import load_from_disk
+
+    import draftline.tokenization
+
+    # rows stream to disk in batches: one row per batch here, so the order across batches shows
+    monkeypatch.setattr(draftline.tokenization, "ARROW_BATCH_ROWS", 1)
 
     long_answer = "The sea is wide and blue and deep. " * 40
     rows = [
@@ -159,10 +164,17 @@ def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model,
     tokenizer = load_tokenizer(tiny_model)
     assert tokenizer.convert_tokens_to_ids("<|im_start|>") not in freq
 
+    # the same conversations give the same dataset fingerprint (hidden-state staging keys use it)
+    again = tmp_path / "again"
+    tokenize(tiny_model, conversations, again / "dataset", again / "token_freq.pt", again / "summary.json", settings)
+    fingerprint = load_from_disk(str(out / "dataset"))._fingerprint
+    assert load_from_disk(str(again / "dataset"))._fingerprint == fingerprint
+
     # a second run on other data recounts (speculators would silently reuse an existing file)
     write_rows(conversations, rows[1:2])
     tokenize(tiny_model, conversations, out / "dataset", out / "token_freq.pt", out / "summary.json", settings)
     assert torch.load(out / "token_freq.pt", weights_only=True) != freq
+    assert load_from_disk(str(out / "dataset"))._fingerprint != fingerprint
     assert [p.name for p in tmp_path.joinpath("tokenized").iterdir() if p.name.startswith(".")] == []
 
 
