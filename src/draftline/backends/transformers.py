@@ -136,7 +136,7 @@ def device_map_for(
 
 
 def describe_device_map(placement: dict) -> str:
-    """'cuda:0: embed_tokens, layers 0-13; cuda:1: layers 14-31, norm, ...' for the job log."""
+    """'0: layers 0-13, embed_tokens; 1: layers 14-31, norm, ...' (GPU index: modules) for the job log."""
     by_device: dict = {}
     for name, where in placement.items():
         by_device.setdefault(where, []).append(name)
