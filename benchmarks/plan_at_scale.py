@@ -113,14 +113,19 @@ def spread(runs: list[dict], key: str) -> dict:
     return {"min": min(vals), "median": round(statistics.median(vals), 2), "max": max(vals)}
 
 
-def plan_part(root: Path, model: Path, args) -> dict:
-    workdir = root / "plan"
-    workdir.mkdir()
+def write_prompts(path: Path, n: int) -> None:
+    """n distinct plain prompts of 30 words (~190 characters)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     words = [f"w{i}" for i in range(5000)]
-    with open(workdir / "prompts.jsonl", "w") as f:
-        for i in range(args.prompts):
+    with open(path, "w") as f:
+        for i in range(n):
             f.write(json.dumps({"prompt": f"{i}: " + " ".join(rng.choices(words, k=30))}) + "\n")
+
+
+def plan_part(root: Path, model: Path, args) -> dict:
+    workdir = root / "plan"
+    write_prompts(workdir / "prompts.jsonl", args.prompts)
     write_config(workdir, {
         "target": {"model": str(model)},
         "prompts": {"sources": ["prompts.jsonl"], "validation": 50, "test": 50},
@@ -229,7 +234,8 @@ def markdown(r: dict) -> str:
         v = p["snakemake_version_alone"]
         lines += ["", f"`snakemake --version` alone (Snakemake's own start-up): {v['wall_s']} s wall, {v['cpu_s']} CPU s. "
                   f"Every no-op run printed \"Nothing to be done\": {p['nothing_to_be_done']['all_said_nothing_to_be_done']}. "
-                  "Goal: both under 10 s."]
+                  "Goal: both under 10 s."
+                  + (f" (commit {p['commit']}, {p['date']})" if "commit" in p else "")]
     if r.get("memory"):
         d = r["memory_data"]
         lines += ["", f"## Peak memory at {r['conversations']:,} conversations", "",
@@ -275,12 +281,14 @@ def main() -> None:
         model = build_tiny_model(root / "tiny-model")
         if not args.skip_plan:
             record["plan"] = plan_part(root, model, args)
+            record["plan"]["commit"], record["plan"]["date"] = record["commit"], record["date"]
             save()
         else:
-            (root / "plan").mkdir()
-            with open(root / "plan" / "prompts.jsonl", "w") as f:
-                for i in range(args.prompts):
-                    f.write(json.dumps({"prompt": f"Question {i}?"}) + "\n")
+            # keep the plan part of an earlier record (it names its own commit and date)
+            earlier = Path(args.out + ".json")
+            if earlier.exists() and "plan" in json.loads(earlier.read_text()):
+                record["plan"] = json.loads(earlier.read_text())["plan"]
+            write_prompts(root / "plan" / "prompts.jsonl", args.prompts)
         if not args.skip_memory:
             memory_part(root, model, args, record, save)
     save()

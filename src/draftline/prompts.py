@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import tempfile
+from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +38,49 @@ from draftline.sources import (
 log = logging.getLogger(__name__)
 
 
+class SpooledRows(Sequence):
+    """Kept rows, in the order `positions` gives, read back one at a time from the spool file
+    the prompts step wrote them to (each row `conversation_file.encode`d): 10^5 conversations
+    are never held in memory at once (benchmarks/results/plan_at_scale.md)."""
+
+    def __init__(self, spool, offsets: array, positions: Sequence[int]):
+        self._spool, self._offsets, self._positions = spool, offsets, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def encoded(self, i: int) -> str:
+        k = self._positions[i]
+        start = self._offsets[k]
+        return os.pread(self._spool.fileno(), self._offsets[k + 1] - start, start).decode("utf-8")
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return SpooledRows(self._spool, self._offsets, self._positions[i])
+        return json.loads(self.encoded(i))
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __eq__(self, other) -> bool:  # the same rows in the same order, as a list compares
+        if isinstance(other, (SpooledRows, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # mutable-like, as a list
+
+    def lines(self) -> Iterator[str]:
+        """The rows as `conversation_file.encode` wrote them, for `write_encoded`."""
+        for i in range(len(self)):
+            yield self.encoded(i)
+
+
 @dataclass
 class Collected:
-    train: list[dict]
-    validation: list[dict]
-    test: list[dict]
+    train: Sequence[dict]
+    validation: Sequence[dict]
+    test: Sequence[dict]
     rejects: list[dict]
     summary: dict
 
@@ -54,15 +95,19 @@ def collect_prompts(
     seed: int = 0,
     regenerate_enabled: bool = True,
 ) -> Collected:
-    """Read every source, validate, de-duplicate, shuffle, split: all in memory, nothing written."""
+    """Read every source, validate, de-duplicate, shuffle, split. Kept rows go to a temporary
+    spool file as they are read (memory holds their offsets and ids, not the rows); the splits
+    read them back from it in the shuffled order."""
     if on_bad_row not in ("stop", "skip"):
         raise PromptError(f"prompts.on_bad_row is {on_bad_row!r} (fix: use stop or skip)")
     check_sources(sources, regenerate_enabled, on_bad_row="skip")  # existence only; rows below
-    rows: list[dict] = []
+    spool = tempfile.TemporaryFile()  # deleted when closed (or when the rows are dropped)
+    offsets = array("q", [0])  # row k is spool[offsets[k]:offsets[k + 1]]
+    row_source = array("l")  # index into `sources` of row k (for the per-source split counts)
     rejects: list[dict] = []
     stats: dict[str, SourceStats] = {}
     seen: set[str] = set()
-    for source in sources:
+    for source_index, source in enumerate(sources):
         st = stats[source] = SourceStats(source)
         st.format, indexed, raw_rows = read_source(source)
         for raw in raw_rows:
@@ -87,10 +132,13 @@ def collect_prompts(
                 continue
             seen.add(row_id)
             st.kept += 1
-            rows.append({"id": row_id, "source": source, "messages": messages})
+            line = conversation_file.encode({"id": row_id, "source": source, "messages": messages}).encode("utf-8")
+            offsets.append(offsets[-1] + spool.write(line))
+            row_source.append(source_index)
         _log_source(st)
 
-    if not rows:
+    kept = len(row_source)
+    if not kept:
         reasons = Counter()
         for st in stats.values():
             reasons.update(st.rejected_reasons)
@@ -98,21 +146,26 @@ def collect_prompts(
             f"no usable conversations in {', '.join(sources)} (rejected: {dict(reasons)}; see the "
             "log) (fix: repair the rows or add sources)"
         )
-    if validation + test >= len(rows):
+    if validation + test >= kept:
         raise PromptError(
-            f"prompts.validation + prompts.test is {validation} + {test} but only {len(rows)} distinct "
+            f"prompts.validation + prompts.test is {validation} + {test} but only {kept} distinct "
             "conversations were kept, leaving none for training (fix: lower them or add sources)"
         )
 
     # Held-out rows come off the shuffled order first (validation, then test), so max_samples
     # never changes them, and a run with a larger test set keeps the same validation set.
-    random.Random(seed).shuffle(rows)
-    val_rows, test_rows = rows[:validation], rows[validation : validation + test]
-    train = rows[validation + test :]
-    capped = train if max_samples is None else train[:max_samples]
-    for split, chosen in (("validation", val_rows), ("test", test_rows), ("train", capped)):
-        for row in chosen:
-            setattr(stats[row["source"]], split, getattr(stats[row["source"]], split) + 1)
+    # Shuffling the positions gives the permutation shuffling the rows themselves gave.
+    order = list(range(kept))
+    random.Random(seed).shuffle(order)
+    val_pos, test_pos = order[:validation], order[validation : validation + test]
+    train_pos = order[validation + test :]
+    capped_pos = train_pos if max_samples is None else train_pos[:max_samples]
+    for split, chosen in (("validation", val_pos), ("test", test_pos), ("train", capped_pos)):
+        for k in chosen:
+            st = stats[sources[row_source[k]]]
+            setattr(st, split, getattr(st, split) + 1)
+    spool.flush()
+    val_rows, test_rows, capped = (SpooledRows(spool, offsets, pos) for pos in (val_pos, test_pos, capped_pos))
 
     per_source = [st.as_dict() for st in stats.values()]
     totals = {
@@ -125,7 +178,7 @@ def collect_prompts(
         "train": len(capped),
         "validation": len(val_rows),
         "test": len(test_rows),
-        "over_max_samples": len(train) - len(capped),
+        "over_max_samples": len(train_pos) - len(capped),
         "settings": {
             "validation": validation,
             "test": test,
@@ -176,9 +229,9 @@ def build_prompts(
         sources, on_bad_row=on_bad_row, validation=validation, test=test, max_samples=max_samples,
         seed=seed, regenerate_enabled=regenerate_enabled,
     )
-    conversation_file.write(prompts_path, result.train)
-    conversation_file.write(validation_path, result.validation)
-    conversation_file.write(test_path, result.test)
+    conversation_file.write_encoded(prompts_path, result.train.lines())
+    conversation_file.write_encoded(validation_path, result.validation.lines())
+    conversation_file.write_encoded(test_path, result.test.lines())
     conversation_file.write(rejects_path, result.rejects)
     with atomic_file(summary_path, encoding="utf-8") as out:
         json.dump(result.summary, out, indent=1, ensure_ascii=False)

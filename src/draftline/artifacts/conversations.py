@@ -17,11 +17,21 @@ from pathlib import Path
 from draftline.atomic import atomic_file
 
 
+def encode(row: dict) -> str:
+    """One row as its line in the file, without the newline."""
+    return json.dumps(row, ensure_ascii=False)
+
+
 def write(path: str | Path, rows: Iterable[dict]) -> None:
     """All rows, published in one rename (a killed job leaves no half file)."""
+    write_encoded(path, map(encode, rows))
+
+
+def write_encoded(path: str | Path, lines: Iterable[str]) -> None:
+    """Rows already `encode`d (kept encoded on the way, e.g. in a spool file), published as `write` does."""
     with atomic_file(path, encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False))
+        for line in lines:
+            out.write(line)
             out.write("\n")
 
 
