@@ -9,7 +9,7 @@ from draftline.logs import log_to
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
+    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
     train(
         TrainInputs(
             config_dir=snakemake.input.config,
