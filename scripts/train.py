@@ -30,5 +30,6 @@ if __name__ == "__main__":
         # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
         gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0))),
         trust_remote_code=snakemake.params.trust_remote_code,
+        verifier_name=snakemake.params.verifier_name,  # what final/config.json names as the target
     )
     write_provenance(snakemake)  # provenance.json beside the artifact
