@@ -36,6 +36,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             dtype=snakemake.params.planned["dtype"],
             enforce_eager=snakemake.params.planned["enforce_eager"],
             chat_template=snakemake.params.chat_template,
+            chat_template_kwargs=snakemake.params.chat_template_kwargs,
             trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,
             **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size

@@ -25,6 +25,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             max_model_len=snakemake.params.max_model_len,
             dtype=snakemake.params.planned["dtype"],
             chat_template=snakemake.params.chat_template,
+            chat_template_kwargs=snakemake.params.chat_template_kwargs,
             trust_remote_code=snakemake.params.trust_remote_code,
             enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,
