@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from workflow import (
-    AFTER_TRAIN, SNAKEMAKE, copy_run, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE, REGENERATION, SNAKEMAKE, copy_run, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config,
 )
 
 TARGET = "results/lineage.json"
@@ -69,11 +69,12 @@ def test_two_targets_runs_coexist_and_neither_replans_the_other(tmp_path, tiny_m
         assert (run / "results/checkpoint/final").is_dir() and (run / ".snakemake").is_dir()
         assert documented_plan(repo, run.name) == {}
     assert not (repo / "results").exists()
-    # a new setting in one run replans that run only
+    # a new setting in one run replans that run only: here a chat-template variable, which
+    # changes how every conversation is rendered (regeneration, tokenization, evaluation)
     config = yaml.safe_load((llama / "config/config.yaml").read_text())
-    config["train"]["epochs"] = 2
+    config["target"]["chat_template_kwargs"] = {"enable_thinking": False}
     (llama / "config/config.yaml").write_text(yaml.safe_dump(config))
-    assert documented_plan(repo, "llama") == AFTER_TRAIN
+    assert documented_plan(repo, "llama") == {**REGENERATION, **AFTER_TOKENIZE}
     assert documented_plan(repo, "qwen") == {}
 
 
