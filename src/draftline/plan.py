@@ -16,8 +16,9 @@ the repository and the config (never from the machine a job happens to land on):
   uses, so upgrading vLLM (editing the pin) reruns regeneration, hidden states and
   evaluation, and upgrading speculators reruns what it computes.
 
-Each job checks with `check_job_environment` that it runs where it was planned: the device
-and the installed versions must match, else it stops before writing anything.
+Each job checks with `check_job_environment` that it runs where it was planned: the device,
+the torch build (CPU or CUDA) and the installed versions must match, else it stops before
+writing anything.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ def check_job_environment(
         if device == "cpu" and cuda_build:
             raise PlanError(
                 f"this job was planned for CPU (device: {setting or 'cpu'}) but its environment is the "
-                f"GPU one (torch {torch_version}, a CUDA build, with vLLM's CUDA build) and sees no GPU: "
+                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu.txt) and sees no GPU: "
                 "run it on a GPU node planned with device: cuda, or build the CPU environment "
                 "(`DRAFTLINE_ENV=cpu ./draftline true`)"
             )
