@@ -222,7 +222,8 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
     # The case of issue 17: planned on a machine without a GPU with the profile's own device:
     # cuda, submitted, and the job sees GPUs but has the CPU environment ./draftline built on
     # the submitting machine. It stops before loading anything, saying how to build the GPU one.
-    result = run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS[2:],
+    # (--retries 0: a retry would only stop the same way)
+    result = run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS[2:], "--retries", "0",
                  "results/regenerated/conversations.jsonl", env=cluster.env(), check=False)
     assert result.returncode != 0
     log = (workdir / "logs/regenerate/shard_0.log").read_text()
