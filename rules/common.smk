@@ -39,15 +39,20 @@ try:
 except (PromptError, ValueError) as error:
     raise WorkflowError(f"prompts.sources: {error}") from None
 
+# Relative paths in the config are relative to the working folder (the checkout, or a run
+# folder given with --directory, where results/ and resources/target/ land too).
+WORKDIR = Path.cwd()
 TARGET = resolve_target(
     config["target"]["model"],
     name=config["target"]["name"],
     chat_template=config["target"]["chat_template"],
-    repo_root=REPO,
+    repo_root=WORKDIR,
     revision=config["target"]["revision"],
 )
 _hash_cache = HashCache(".snakemake/draftline/hash_cache.json")
-TARGET_IDENTITY = target_identity(TARGET, REPO, _hash_cache)
+TARGET_IDENTITY = target_identity(TARGET, WORKDIR, _hash_cache)
+# What the published draft names as its verifier: never a local path (target.verifier_name).
+VERIFIER_NAME = config["target"]["verifier_name"] or (TARGET.source if TARGET.kind == "hub" else TARGET.name)
 _hash_cache.save()
 TARGET_DIR = str(TARGET.dir)
 # The folder jobs read, as a param that never decides staleness (a Path is not compared:

@@ -50,6 +50,7 @@ rule evaluate:
         parallel=vllm_parallel(),
         versions=versions("vllm", "speculators", "torch", "transformers"),
         chat_template=config["target"]["chat_template"],
+        chat_template_kwargs=config["target"]["chat_template_kwargs"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/evaluate.py"

@@ -23,6 +23,7 @@ REGENERATE_ANSWERS = dict(
     parallel=vllm_parallel(),
     versions=versions("vllm", "torch", "transformers"),
     chat_template=config["target"]["chat_template"],
+    chat_template_kwargs=config["target"]["chat_template_kwargs"],
     trust_remote_code=config["target"]["trust_remote_code"],
 )
 

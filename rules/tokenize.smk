@@ -28,6 +28,7 @@ rule tokenize:
         min_trainable_tokens=config["tokenize"]["min_trainable_tokens"],
         # already baked into the target folder by rule target_model; kept so a change reruns this
         chat_template=config["target"]["chat_template"],
+        chat_template_kwargs=config["target"]["chat_template_kwargs"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/tokenize.py"

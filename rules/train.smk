@@ -32,6 +32,7 @@ rule train:
         train=config["train"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
+        verifier_name=VERIFIER_NAME,
         trust_remote_code=config["target"]["trust_remote_code"],
         # optimizer, loader workers and world size resolved for the planned device
         planned=RESOLVED["train"],

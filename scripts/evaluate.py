@@ -9,7 +9,7 @@ from draftline.provenance import write_provenance
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
+    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
     make_untrained_draft(
         snakemake.input.config,
         snakemake.input.d2t,
@@ -36,6 +36,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             dtype=snakemake.params.planned["dtype"],
             enforce_eager=snakemake.params.planned["enforce_eager"],
             chat_template=snakemake.params.chat_template,
+            chat_template_kwargs=snakemake.params.chat_template_kwargs,
             trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,
             **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size

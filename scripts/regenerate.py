@@ -9,7 +9,7 @@ from draftline.logs import log_to
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
+    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
     regenerate_shard(
         str(snakemake.params.target_dir),
         snakemake.input.conversations,
@@ -25,6 +25,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             max_model_len=snakemake.params.max_model_len,
             dtype=snakemake.params.planned["dtype"],
             chat_template=snakemake.params.chat_template,
+            chat_template_kwargs=snakemake.params.chat_template_kwargs,
             trust_remote_code=snakemake.params.trust_remote_code,
             enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,

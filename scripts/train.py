@@ -9,7 +9,7 @@ from draftline.logs import log_to
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions)  # the device and pins planned
+    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
     train(
         TrainInputs(
             config_dir=snakemake.input.config,
@@ -30,5 +30,6 @@ if __name__ == "__main__":
         # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
         gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0))),
         trust_remote_code=snakemake.params.trust_remote_code,
+        verifier_name=snakemake.params.verifier_name,  # what final/config.json names as the target
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -27,6 +27,7 @@ from draftline.evaluate import (
     counter_delta,
     read_counters,
 )
+from draftline.train import name_verifier
 from workflow import REPO, snakemake, write_config
 
 K = 3
@@ -173,6 +174,9 @@ def evaluation(tiny_model, tmp_path_factory):
     mine = tmp / "mine.jsonl"
     mine.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in chosen[:2]))
     oracle = _oracle_draft(untrained, tmp / "oracle", token)
+    # named as a published draft names its target (train.name_verifier): a hub id, not resolvable
+    # here; evaluation passes the target itself to vLLM
+    name_verifier(oracle / "config.json", PUBLISHED_TARGET)
 
     readings, engines = [], []
     real_get_metrics, real_create = vllm.LLM.get_metrics, ev.engine_for
@@ -196,6 +200,17 @@ def evaluation(tiny_model, tmp_path_factory):
     written = json.loads((tmp / "acceptance.json").read_text())
     return {"summary": summary, "json": written, "readings": readings, "engines": engines,
             "oracle": oracle, "untrained": untrained, "prompts": chosen, "config": config, "tmp": tmp}  # fmt: skip
+
+
+PUBLISHED_TARGET = "acme/not-on-this-machine"
+
+
+@pytest.mark.dag
+def test_a_draft_naming_its_target_by_hub_id_is_served_beside_the_local_target(evaluation):
+    config = json.loads((evaluation["oracle"] / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == PUBLISHED_TARGET
+    trained = evaluation["json"]["drafts"]["trained"]
+    assert trained["counters"][DRAFTS] > 0 and trained["mean_acceptance_length"] > 1
 
 
 def _sum(metrics, name):

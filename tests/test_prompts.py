@@ -129,6 +129,95 @@ def test_bad_row_in_dataset_names_the_row_index(tmp_path):
         collect_prompts([str(folder)])
 
 
+def test_parquet_file(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "chats.parquet"
+    datasets.Dataset.from_list([
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi ☃"},
+                      {"role": "assistant", "content": "Hello ☃"}]},
+        {"messages": SAME},
+    ]).to_parquet(str(path))
+    train, held, _, summary = build(tmp_path, [path, MESSAGES], regenerate_enabled=False)
+    assert summary["sources"][0]["format"] == "parquet" and summary["sources"][0]["kept"] == 2
+    assert sorted(r["messages"][0]["content"] for r in by_source(train + held, str(path))) == ["Be brief.", SAME[0]["content"]]
+    assert summary["sources"][1]["duplicates"] == 1  # the same conversation as in the JSONL, the same id
+
+
+def test_bad_parquet_row_names_file_row_and_key(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "chats.parquet"
+    datasets.Dataset.from_list([{"messages": SAME}, {"messages": [{"role": "robot", "content": "beep"}]}]).to_parquet(str(path))
+    with pytest.raises(PromptError, match=r"chats\.parquet\[1\]: messages\[0\] has unknown role 'robot' \(fix: use system"):
+        collect_prompts([str(path)])
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(PromptError, match=r"broken\.parquet: cannot be read as Parquet .*fix: rewrite it"):
+        collect_prompts([str(tmp_path / "broken.parquet")])
+
+
+def cache_hub_dataset(cache: Path, repo_id: str, rows: list[dict], split: str = "train") -> None:
+    """What `datasets.load_dataset(repo_id)` leaves in HF_DATASETS_CACHE once it has downloaded
+    it: <org>___<name>/default/0.0.0/<hash>/<name>-<split>.arrow with dataset_info.json, built
+    here by datasets' own json builder from a local file (no network)."""
+    import shutil
+
+    from datasets.packaged_modules.json.json import Json
+
+    org, name = repo_id.split("/")
+    source = cache.parent / f"{name}-{split}.jsonl"
+    source.write_text(jsonl(*rows))
+    builder = Json(cache_dir=str(cache.parent / "build"), dataset_name=name, config_name="default",
+                   hash="0123456789abcdef", data_files={split: str(source)})
+    builder.download_and_prepare()
+    built = Path(builder.cache_dir)
+    target = cache / f"{org}___{name}" / "default" / "0.0.0" / built.name
+    shutil.copytree(built, target)
+    info = json.loads((target / "dataset_info.json").read_text())
+    (target / "dataset_info.json").write_text(json.dumps({**info, "config_name": "default"}))
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """An empty HF_DATASETS_CACHE that datasets reads; the network is off."""
+    from datasets import config
+
+    cache = tmp_path / "hf" / "datasets"
+    cache.mkdir(parents=True)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", cache)  # datasets reads it once, at import
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_hub_dataset_from_the_local_datasets_cache(tmp_path, datasets_cache):
+    from datasets import config
+
+    cache_hub_dataset(datasets_cache, "acme/tiny-chats", [
+        {"conversations": [{"from": "human", "value": "Hi ☃"}, {"from": "gpt", "value": "Hello ☃"}]},
+        {"messages": None, "conversations": [{"from": "human", "value": SAME[0]["content"]}, {"from": "gpt", "value": "7"}]},
+    ])
+    online = config.HF_HUB_OFFLINE
+    check_sources(["hf:acme/tiny-chats"])
+    train, held, _, summary = build(tmp_path, ["hf:acme/tiny-chats", MESSAGES], regenerate_enabled=False)
+    assert summary["sources"][0]["format"] == "hub" and summary["sources"][0]["kept"] == 2
+    assert summary["sources"][1]["duplicates"] == 1
+    assert config.HF_HUB_OFFLINE == online  # read offline, the setting given back
+    # the cached files are the rule's inputs: a new download of the dataset reruns the prompts
+    assert any(f.endswith("tiny-chats-train.arrow") for f in source_files(["hf:acme/tiny-chats"]))
+
+
+def test_hub_dataset_errors_name_the_source_and_the_fix(tmp_path, datasets_cache):
+    with pytest.raises(PromptError, match=r"hf:acme/absent: acme/absent is not in the local datasets cache .*"
+                                          r"datasets.load_dataset\('acme/absent', split='train'\)"):
+        check_sources(["hf:acme/absent"])
+    with pytest.raises(PromptError, match=r"hf:acme: not a hub dataset source \(fix: write hf:ORG/NAME"):
+        check_sources(["hf:acme"])
+    cache_hub_dataset(datasets_cache, "acme/tiny-chats", [{"prompt": "fine"}, {"prompt": ""}])
+    with pytest.raises(PromptError, match=r"hf:acme/tiny-chats:test: .*split='test'.* failed.*fix: name a cached split"):
+        collect_prompts(["hf:acme/tiny-chats:test"])
+    with pytest.raises(PromptError, match=r"hf:acme/tiny-chats\[1\]: `prompt` has empty content"):
+        collect_prompts(["hf:acme/tiny-chats"])
+
+
 # ------------------------------------------------------------------------------- ids, dedupe
 
 

@@ -62,6 +62,9 @@ class RecordingLLM:
     def get_tokenizer(self):
         return self.llm.get_tokenizer()
 
+    def get_metrics(self):
+        return self.llm.get_metrics()
+
     def chat(self, prompts, params, **kwargs):
         outputs = self.llm.chat(prompts, params, **kwargs)
         self.calls.append((prompts, outputs))
@@ -70,7 +73,8 @@ class RecordingLLM:
 
 @pytest.fixture(scope="module")
 def llm(tiny_model):
-    engine = target_llm(tiny_model, SETTINGS)
+    # stats on: evaluation's timed_generate reads vLLM's counters (one test calls it here)
+    engine = target_llm(tiny_model, SETTINGS, disable_log_stats=False)
     yield engine
     del engine
 
@@ -276,6 +280,36 @@ def test_merge_refuses_shards_that_do_not_tile_the_prompts(llm, tiny_model, tmp_
 def test_bad_row_names_file_line_and_id():
     with pytest.raises(ValueError, match=r"f.jsonl:3 \(id 'x'\): messages\[1\] has role 'user'"):
         parse_conversation({"id": "x", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, "f.jsonl:3")
+
+
+def test_chat_template_kwargs_reach_vllm_chat_in_regeneration_and_evaluation(llm, tiny_model, tmp_path):
+    """target.chat_template_kwargs go to vLLM's LLM.chat as the template's variables: the prompts
+    vLLM rendered (its own prompt token ids) open the answer with a Qwen3-style empty think block."""
+    from draftline.evaluate import EvaluateSettings, Prompt, timed_generate
+    from draftline.testing.tiny_model import CHATML_THINKING_TEMPLATE, NO_THINK
+
+    template = tmp_path / "thinking.jinja"
+    template.write_text(CHATML_THINKING_TEMPLATE)
+    kwargs = {"enable_thinking": False}
+    tokenizer = llm.get_tokenizer()
+    (tmp_path / "prompts.jsonl").write_text(json.dumps(ROWS[0]) + "\n")  # two user turns
+    recorder = RecordingLLM(llm)
+    regenerate(tiny_model, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", tmp_path / "summary.json",
+               replace(SETTINGS, chat_template=str(template), chat_template_kwargs=kwargs), llm=recorder)
+    rendered = [tokenizer.decode(o.prompt_token_ids) for _, outputs in recorder.calls for o in outputs]
+    assert len(rendered) == 2  # one call per turn
+    for text in rendered:
+        assert text.endswith("<|im_start|>assistant\n" + NO_THINK)
+    assert rendered[1].count(NO_THINK) == 2  # the earlier answer in the history too
+
+    # evaluation's call (the same LLM.chat with the settings' kwargs), with and without them
+    prompt = Prompt("p", [{"role": "user", "content": "Name a color."}])
+    for settings, think in ((EvaluateSettings(max_new_tokens=2, chat_template_kwargs=kwargs), True),
+                            (EvaluateSettings(max_new_tokens=2), False)):
+        recorder = RecordingLLM(llm)
+        timed_generate(recorder, [prompt], settings, CHATML_THINKING_TEMPLATE)
+        (_, outputs), = recorder.calls
+        assert tokenizer.decode(outputs[0].prompt_token_ids).endswith(NO_THINK) == think
 
 
 @pytest.mark.slow

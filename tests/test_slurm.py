@@ -200,7 +200,8 @@ def test_outputs_equal_a_local_run(slurm_run, local_run):
 
 def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, cluster):
     """target.tensor_parallel_size 2: the regeneration job asks for 2 GPUs, gets both from Slurm
-    and runs vLLM over two ranks (CPU workers here)."""
+    and runs vLLM over two ranks (CPU workers here). Then the same job planned for cuda from this
+    GPU-less machine stops on the GPU node for its CPU torch (check_job_environment)."""
     workdir = make_workdir(tmp_path, tiny_model, target={"tensor_parallel_size": 2},
                            regenerate={"enabled": True, "max_new_tokens": 4})
     start = len(cluster.sbatch_calls())
@@ -214,6 +215,21 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
     summary = json.loads((workdir / "results/regenerated/summary.json").read_text())
     assert summary["settings"]["parallel"]["tensor_parallel_size"] == 2
     assert summary["rows_out"] == len(CONVERSATIONS) - 1
+    # The job saw Slurm's GPUs with a CPU torch and ran on the CPU because device: cpu says so.
+    assert re.search(r"computing on the CPU with torch \S+\+cpu although this node offers GPUs 0,1 "
+                     r"\(CUDA_VISIBLE_DEVICES, given by Slurm job \d+\)", log), log[-2000:]
+
+    # The case of issue 17: planned on a machine without a GPU with the profile's own device:
+    # cuda, submitted, and the job sees GPUs but has the CPU environment ./draftline built on
+    # the submitting machine. It stops before loading anything, saying how to build the GPU one.
+    # (--retries 0: a retry would only stop the same way)
+    result = run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS[2:], "--retries", "0",
+                 "results/regenerated/conversations.jsonl", env=cluster.env(), check=False)
+    assert result.returncode != 0
+    log = (workdir / "logs/regenerate/shard_0.log").read_text()
+    assert re.search(r"planned for CUDA \(device: cuda\) but its torch \S+\+cpu is a CPU build, on a node "
+                     r"that offers GPUs 0,1 \(CUDA_VISIBLE_DEVICES, given by Slurm job \d+\)", log), log[-2000:]
+    assert "DRAFTLINE_ENV=gpu ./draftline true" in log
 
 
 def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):

@@ -192,3 +192,28 @@ def test_empty_answer_trains_only_its_end_token(chatml):
     tokenized = tokenize_conversation(tokenizer, messages, stop)
     trained = [t for t, m in zip(tokenized.input_ids, tokenized.loss_mask) if m]
     assert trained == [tokenizer.convert_tokens_to_ids(END)]
+
+
+def test_chat_template_kwargs_reach_the_template_and_stay_out_of_the_loss(chatml):
+    """target.chat_template_kwargs (Qwen3's enable_thinking here) render every turn as the target
+    sees it: the empty think block opens each answer, and only the answers are trained."""
+    from draftline.testing.tiny_model import CHATML_THINKING_TEMPLATE, NO_THINK
+    from draftline.tokenization import tokenize_rows
+
+    tokenizer, stop = chatml
+    rows = [{"id": "two-turns", "messages": MULTI_TURN}]
+
+    def tokenized(**kwargs):
+        settings = TokenizeSettings(max_seq_len=512, min_trainable_tokens=1, **kwargs)
+        kept, _, _ = tokenize_rows(tokenizer, rows, settings, stop, CHATML_THINKING_TEMPLATE)
+        ids, mask = kept[0]["input_ids"], kept[0]["loss_mask"]
+        return tokenizer.decode(ids), [t for t, m in zip(ids, mask) if m]
+
+    plain_text, plain_trained = tokenized()
+    text, trained = tokenized(chat_template_kwargs={"enable_thinking": False})
+    assert NO_THINK not in plain_text
+    assert text.count("<|im_start|>assistant\n" + NO_THINK) == 2  # both answers, as vLLM will render them
+    assert text == tokenizer.apply_chat_template(MULTI_TURN, tokenize=False, chat_template=CHATML_THINKING_TEMPLATE,
+                                                 enable_thinking=False)
+    assert trained == plain_trained  # the answers and their end-of-turn tokens, never the think block
+    assert "<think>" not in tokenizer.decode(trained)

@@ -26,7 +26,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftline import algorithms
@@ -58,6 +58,8 @@ class EvaluateSettings(EngineSettings):
     max_new_tokens: int = default("evaluate", "max_new_tokens")
     max_prompts: int | None = default("evaluate", "max_prompts")  # per set
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
+    chat_template_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,8 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
     before = read_counters(llm.get_metrics())
     started = time.perf_counter()
-    outputs = llm.chat([p.messages for p in prompts], params, use_tqdm=False, chat_template=chat_template)
+    outputs = llm.chat([p.messages for p in prompts], params, use_tqdm=False, chat_template=chat_template,
+                       chat_template_kwargs=settings.chat_template_kwargs or None)
     seconds = time.perf_counter() - started
     delta = counter_delta(before, read_counters(llm.get_metrics()))
     token_ids = [list(o.outputs[0].token_ids) for o in outputs]
@@ -231,10 +234,11 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
     }
 
 
-def warm_up(llm, prompt: Prompt, chat_template: str | None) -> None:
+def warm_up(llm, prompt: Prompt, chat_template: str | None, template_kwargs: dict | None = None) -> None:
     from vllm import SamplingParams
 
-    llm.chat([prompt.messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False, chat_template=chat_template)
+    llm.chat([prompt.messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False, chat_template=chat_template,
+             chat_template_kwargs=template_kwargs or None)
 
 
 def spread(per_request: list[dict | None], seed: int = 0, resamples: int = 2000) -> dict | None:
@@ -267,7 +271,8 @@ def fitting_prompts(tokenizer, prompts: list[Prompt], settings: EvaluateSettings
     """Prompts with room for max_new_tokens within max_model_len, and the ids left out."""
     kept, skipped = [], []
     for prompt in prompts:
-        text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template)
+        text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template,
+                                             **settings.chat_template_kwargs)
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if n + settings.max_new_tokens <= settings.max_model_len:
             kept.append(prompt)
@@ -316,7 +321,7 @@ def evaluate(
                         name, len(skipped[name]), settings.max_model_len, skipped[name])  # fmt: skip
         if not sets[name]:
             raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
-    warm_up(llm, next(iter(sets.values()))[0], chat_template)
+    warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
     reference = {name: timed_generate(llm, prompts, settings, chat_template) for name, prompts in sets.items()}
     shutdown(llm)
     del llm
@@ -332,7 +337,7 @@ def evaluate(
         load_started = time.monotonic()
         llm = engine_for(target_dir, settings, draft=checkpoint)
         log.info("%s draft %s: loaded in %.1f s", draft, checkpoint, time.monotonic() - load_started)
-        warm_up(llm, next(iter(sets.values()))[0], chat_template)
+        warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
         for name, prompts in sets.items():
             run = timed_generate(llm, prompts, settings, chat_template)
             check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, tokenizer)

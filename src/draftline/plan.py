@@ -16,19 +16,24 @@ the repository and the config (never from the machine a job happens to land on):
   uses, so upgrading vLLM (editing the pin) reruns regeneration, hidden states and
   evaluation, and upgrading speculators reruns what it computes.
 
-Each job checks with `check_job_environment` that it runs where it was planned: the device
-and the installed versions must match, else it stops before writing anything.
+Each job checks with `check_job_environment` that it runs where it was planned: the device,
+the torch build (CPU or CUDA) and the installed versions must match, else it stops before
+writing anything.
 """
 
 from __future__ import annotations
 
 import ast
+import logging
+import os
 import re
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import digest_files
+
+log = logging.getLogger(__name__)
 
 PACKAGE = "draftline"
 DEVICES = ("cpu", "cuda")
@@ -225,17 +230,53 @@ def _same_version(pinned: str, installed: str | None) -> bool:
     return installed is not None and (installed == pinned or installed.split("+")[0] == pinned.split("+")[0])
 
 
-def check_job_environment(planned: dict, versions: dict[str, str] | None = None) -> None:
-    """Stop a job that runs on another device, or with other package versions, than planned."""
+def torch_build() -> tuple[str, bool, bool]:
+    """(torch's version, whether it is a CUDA build, whether it sees a CUDA device)."""
+    import torch
+
+    return torch.__version__, torch.version.cuda is not None, torch.cuda.is_available()
+
+
+def gpus_seen() -> str | None:
+    """The GPUs this job's node offers, without starting CUDA: the ones Slurm gave the job
+    (CUDA_VISIBLE_DEVICES inside a Slurm job), else the NVIDIA driver's list; None when none."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if os.environ.get("SLURM_JOB_ID") and given and given != "NoDevFiles":
+        return f"{given} (CUDA_VISIBLE_DEVICES, given by Slurm job {os.environ['SLURM_JOB_ID']})"
+    if machine_has_nvidia_gpu():
+        return f"{len(list(Path('/proc/driver/nvidia/gpus').iterdir()))} (the NVIDIA driver's)"
+    return None
+
+
+REBUILD_GPU = (
+    "build the GPU environment where the jobs can see it: `DRAFTLINE_ENV=gpu ./draftline true` "
+    "(./draftline otherwise builds for the machine that calls it; a login node has no GPU), "
+    "or use --sdm conda (docs/cluster.md)"
+)
+
+
+def check_job_environment(
+    planned: dict, versions: dict[str, str] | None = None, setting: str | None = None
+) -> None:
+    """Stop a job whose environment does not match its device, or that runs on another device,
+    or with other package versions, than planned.
+
+    `setting` is the config's `device` (auto/cpu/cuda; the job's snakemake.config, not a param):
+    a CPU torch on a node that offers GPUs is refused unless the user chose device: cpu."""
     device = planned.get("device")
     if device is not None:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
+        torch_version, cuda_build, has_cuda = torch_build()
+        seen = gpus_seen()
+        if device == "cuda" and not cuda_build:
+            raise PlanError(
+                f"this job was planned for CUDA (device: cuda) but its torch {torch_version} is a CPU "
+                f"build{f', on a node that offers GPUs {seen}' if seen else ''}: the environment was "
+                f"built for CPU. {REBUILD_GPU[0].upper()}{REBUILD_GPU[1:]}"
+            )
         if device == "cuda" and not has_cuda:
             raise PlanError(
-                f"this job was planned for CUDA (device: cuda) but torch {torch.__version__} sees no GPU "
-                "here: run it on a GPU node with the GPU environment (requirements/gpu.txt), or plan "
+                f"this job was planned for CUDA (device: cuda) but torch {torch_version} sees no GPU "
+                "here: run it on a GPU node (the rule's `gpu` resource, the profile's partition), or plan "
                 "with device: cpu"
             )
         if device == "cpu" and has_cuda:
@@ -244,6 +285,23 @@ def check_job_environment(planned: dict, versions: dict[str, str] | None = None)
                 "runs where CUDA is available: plan with device: cuda (the Slurm profile sets it), or "
                 "run it on a CPU machine"
             )
+        if device == "cpu" and cuda_build:
+            raise PlanError(
+                f"this job was planned for CPU (device: {setting or 'cpu'}) but its environment is the "
+                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu.txt) and sees no GPU: "
+                "run it on a GPU node planned with device: cuda, or build the CPU environment "
+                "(`DRAFTLINE_ENV=cpu ./draftline true`)"
+            )
+        if device == "cpu" and seen:
+            if setting != "cpu":
+                raise PlanError(
+                    f"this job was planned for CPU (device: {setting or 'auto'}: the machine that planned "
+                    f"the run, e.g. a login node, has no GPU) but it runs on a node that offers GPUs {seen} "
+                    f"with a CPU torch ({torch_version}): plan with device: cuda (profiles/slurm sets it) and "
+                    f"{REBUILD_GPU}; or set device: cpu to compute on the CPU on purpose"
+                )
+            log.info("device: cpu: computing on the CPU with torch %s although this node offers GPUs %s",
+                     torch_version, seen)
     wrong = {
         dist: (pinned, installed_version(dist))
         for dist, pinned in (versions or {}).items()

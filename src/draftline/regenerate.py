@@ -76,6 +76,8 @@ class RegenerateSettings(EngineSettings):
     temperature: float = default("regenerate", "temperature")
     top_p: float = default("regenerate", "top_p")
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
+    chat_template_kwargs: dict = field(default_factory=dict)
     chunk_conversations: int = default("regenerate", "chunk_conversations")  # not an answer setting
 
 
@@ -143,9 +145,10 @@ class _LogProgress(tqdm):
         return True
 
 
-def _prompt_len(tokenizer, messages: list[dict], chat_template: str | None) -> int:
+def _prompt_len(tokenizer, messages: list[dict], chat_template: str | None, template_kwargs: dict | None = None) -> int:
     # Rendered to text then tokenized without special tokens, as vLLM's chat() does.
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template,
+                                         **(template_kwargs or {}))
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -190,7 +193,7 @@ def answer_conversations(
             if conv.stopped_at is not None or turn >= len(conv.users):
                 continue
             messages = conv.context(turn)
-            room = settings.max_model_len - _prompt_len(tokenizer, messages, chat_template) - END_OF_TURN_ROOM
+            room = settings.max_model_len - _prompt_len(tokenizer, messages, chat_template, settings.chat_template_kwargs) - END_OF_TURN_ROOM
             if room < 1:
                 conv.stopped_at = turn
                 continue
@@ -209,7 +212,8 @@ def answer_conversations(
         if not batch:
             break
         log.info("turn %d: answering %d conversations", turn + 1, len(batch))
-        outputs = llm.chat(prompts, params, use_tqdm=_LogProgress, chat_template=chat_template)
+        outputs = llm.chat(prompts, params, use_tqdm=_LogProgress, chat_template=chat_template,
+                           chat_template_kwargs=settings.chat_template_kwargs or None)
         for k, param, output in zip(batch, params, outputs, strict=True):
             completion, s = output.outputs[0], stats[k]
             answer = {"role": "assistant", "content": completion.text}

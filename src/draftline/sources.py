@@ -1,7 +1,8 @@
 """The training data a user brings: prompt and conversation files in the formats users have.
 
-A source is a JSONL file, a `.json` list, or a `datasets.save_to_disk` folder, with rows in
-one of three shapes: OpenAI `messages` [{role, content}], ShareGPT `conversations`
+A source is a JSONL file, a `.json` list, a `.parquet` file, a `datasets.save_to_disk` folder,
+or a hub dataset already in the local `datasets` cache (`hf:ORG/NAME[/CONFIG][:SPLIT]`, read
+offline), with rows in one of three shapes: OpenAI `messages` [{role, content}], ShareGPT `conversations`
 [{from, value}], or a plain `prompt` string (with optional `system`, `response`/`completion`).
 `normalize_row` turns each into `messages`; `conversation_id` hashes only the normalized
 messages, so one conversation has one id whatever its source or format. Read by the prompts
@@ -34,6 +35,8 @@ ROLES = {
 ROW_FIELDS = ("messages", "conversations", "prompt")
 # Files a datasets.save_to_disk folder holds (a DatasetDict has dataset_dict.json instead).
 _DATASET_MARKERS = ("state.json", "dataset_info.json")
+# A hub dataset from the local datasets cache: hf:ORG/NAME[/CONFIG][:SPLIT] (split: train).
+HUB_PREFIX = "hf:"
 
 
 class PromptError(ValueError):
@@ -104,6 +107,52 @@ def _is_dataset_folder(path: Path) -> bool:
     return any((path / m).is_file() for m in _DATASET_MARKERS)
 
 
+@dataclass(frozen=True)
+class HubSource:
+    repo_id: str
+    config: str | None
+    split: str
+
+
+def hub_source(raw: str) -> HubSource | None:
+    """The hub dataset a source names (`hf:ORG/NAME[/CONFIG][:SPLIT]`), None for a path."""
+    if not raw.startswith(HUB_PREFIX):
+        return None
+    spec, _, split = raw[len(HUB_PREFIX):].partition(":")
+    parts = spec.split("/")
+    if len(parts) not in (2, 3) or not all(p.strip() for p in parts) or (":" in raw[len(HUB_PREFIX):] and not split):
+        raise PromptError(
+            f"{raw}: not a hub dataset source (fix: write hf:ORG/NAME, hf:ORG/NAME:SPLIT or "
+            "hf:ORG/NAME/CONFIG:SPLIT, e.g. hf:HuggingFaceH4/ultrachat_200k:train_sft)"
+        )
+    return HubSource("/".join(parts[:2]), parts[2] if len(parts) == 3 else None, split or "train")
+
+
+def _hub_cache_root(hub: HubSource) -> Path:
+    # datasets' own cache layout: <HF_DATASETS_CACHE>/<org>___<name>/<config>/<version>/<hash>/
+    from datasets import config
+    from datasets.naming import camelcase_to_snakecase
+
+    org, name = hub.repo_id.split("/")
+    return Path(config.HF_DATASETS_CACHE) / f"{org}___{camelcase_to_snakecase(name)}"
+
+
+def _hub_cache_dirs(raw: str, hub: HubSource) -> list[Path]:
+    """The cached versions of `hub` (what datasets.load_dataset reads offline); none: PromptError."""
+    root = _hub_cache_root(hub)
+    found = sorted(p for p in root.glob(f"{hub.config or '*'}/*/*") if p.is_dir())
+    if not found:
+        configs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        raise PromptError(
+            f"{raw}: {hub.repo_id}{f' (config {hub.config})' if hub.config else ''} is not in the local "
+            f"datasets cache ({root}{f'; cached configs: {configs}' if configs else ''}); draftline reads hub "
+            "datasets offline, so the rows cannot change under a run (fix: load it once where there is "
+            f"network, with the same HF_DATASETS_CACHE or HF_HOME: python -c \"import datasets; "
+            f"datasets.load_dataset('{hub.repo_id}'{f', {hub.config!r}' if hub.config else ''}, split='{hub.split}')\")"
+        )
+    return found
+
+
 def check_sources(
     paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop"
 ) -> None:
@@ -120,9 +169,13 @@ def check_sources(
                 "conversations across different sources are removed automatically)"
             )
         seen.add(raw)
+        hub = hub_source(raw)
+        if hub is not None:
+            _hub_cache_dirs(raw, hub)
+            continue
         path = Path(raw)
         _check_exists(raw, path)
-        if path.is_dir() or _is_json_list(path):
+        if path.is_dir() or _is_json_list(path) or path.suffix == ".parquet":
             continue
         with contextlib.closing(_read_jsonl(raw, path)) as rows:
             first = next(rows)  # an all-blank file raises PromptError here
@@ -140,6 +193,10 @@ def source_files(paths: Sequence[str]) -> list[str]:
     since rewriting them in place does not change the folder's mtime."""
     files: list[str] = []
     for raw in paths:
+        hub = hub_source(raw)
+        if hub is not None:  # the cached files load_dataset reads
+            files.extend(str(p) for d in _hub_cache_dirs(raw, hub) for p in sorted(d.rglob("*")) if p.is_file())
+            continue
         path = Path(raw)
         if path.is_dir():
             files.extend(str(p) for p in sorted(path.rglob("*")) if p.is_file())
@@ -181,12 +238,17 @@ def _is_json_list(path: Path) -> bool:
 
 def read_source(raw: str) -> tuple[str, bool, Iterator[RawRow]]:
     """(format, indexed, rows) of one source; file-level problems raise PromptError."""
+    hub = hub_source(raw)
+    if hub is not None:
+        return "hub", True, _read_hub_dataset(raw, hub)
     path = Path(raw)
     _check_exists(raw, path)
     if path.is_dir():
         return "dataset", True, _read_dataset(raw, path)
     if _is_json_list(path):
         return "json", True, _read_json_list(raw, path)
+    if path.suffix == ".parquet":
+        return "parquet", True, _read_parquet(raw, path)
     return "jsonl", False, _read_jsonl(raw, path)
 
 
@@ -274,6 +336,49 @@ def _read_dataset(raw: str, path: Path) -> Iterator[RawRow]:
         ) from None
     if len(dataset) == 0:
         raise PromptError(f"{raw}: empty dataset, no rows (fix: add conversations or remove it from prompts.sources)")
+    for index, value in enumerate(dataset):
+        yield RawRow(index, _dump(value), value)
+
+
+def _read_parquet(raw: str, path: Path) -> Iterator[RawRow]:
+    """Row by row, a batch at a time; row i is the file's i-th row."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        raise PromptError(
+            f"{raw}: cannot be read as Parquet ({exc}) (fix: rewrite it, e.g. with "
+            "pandas.DataFrame.to_parquet or datasets.Dataset.to_parquet)"
+        ) from None
+    if table.metadata.num_rows == 0:
+        raise PromptError(f"{raw}: empty Parquet file, no rows (fix: add conversations or remove it from prompts.sources)")
+    index = 0
+    for batch in table.iter_batches(batch_size=1024):
+        for value in batch.to_pylist():
+            yield RawRow(index, _dump(value), value)
+            index += 1
+
+
+def _read_hub_dataset(raw: str, hub: HubSource) -> Iterator[RawRow]:
+    """The split of a hub dataset from the local datasets cache, offline (never downloaded here)."""
+    import datasets
+    from datasets import config
+
+    _hub_cache_dirs(raw, hub)
+    offline, config.HF_HUB_OFFLINE = config.HF_HUB_OFFLINE, True  # the cache only, whatever the environment
+    try:
+        dataset = datasets.load_dataset(hub.repo_id, hub.config, split=hub.split)
+    except Exception as exc:  # a missing split or config, a damaged cache: datasets raises several types
+        raise PromptError(
+            f"{raw}: datasets.load_dataset({hub.repo_id!r}{f', {hub.config!r}' if hub.config else ''}, "
+            f"split={hub.split!r}) from the local cache failed: {exc} (fix: name a cached split as "
+            f"{HUB_PREFIX}{hub.repo_id}{f'/{hub.config}' if hub.config else ''}:SPLIT, or load it once with network)"
+        ) from None
+    finally:
+        config.HF_HUB_OFFLINE = offline
+    if len(dataset) == 0:
+        raise PromptError(f"{raw}: empty split, no rows (fix: name another split or remove it from prompts.sources)")
     for index, value in enumerate(dataset):
         yield RawRow(index, _dump(value), value)
 

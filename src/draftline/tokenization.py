@@ -19,7 +19,7 @@ import json
 import logging
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.artifacts import conversations as conversation_file
@@ -60,12 +60,14 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
-def _render(tokenizer, messages: list[dict], chat_template: str | None, add_generation_prompt: bool) -> str:
+def _render(tokenizer, messages: list[dict], chat_template: str | None, add_generation_prompt: bool,
+            template_kwargs: dict | None = None) -> str:
     return tokenizer.apply_chat_template(
         [{"role": m["role"], "content": m["content"]} for m in messages],
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
+        **(template_kwargs or {}),  # target.chat_template_kwargs, as vLLM's chat() gets them
     )
 
 
@@ -75,20 +77,22 @@ def tokenize_conversation(
     stop_ids: set[int],
     chat_template: str | None = None,
     row_id: str = "?",
+    template_kwargs: dict | None = None,
 ) -> Tokenized:
-    """Token ids of the whole conversation and its assistant-only loss mask (1 = trained)."""
+    """Token ids of the whole conversation and its assistant-only loss mask (1 = trained);
+    `template_kwargs` are the template's variables (target.chat_template_kwargs)."""
     # A trailing prompt without an answer has nothing to train: render up to the last answer.
     answered = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not answered:
         return Tokenized([], [])
     messages = messages[: answered[-1] + 1]
-    full_ids, _ = _encode(tokenizer, _render(tokenizer, messages, chat_template, add_generation_prompt=False))
+    full_ids, _ = _encode(tokenizer, _render(tokenizer, messages, chat_template, False, template_kwargs))
     mask = [0] * len(full_ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt_ids, _ = _encode(tokenizer, _render(tokenizer, messages[:i], chat_template, add_generation_prompt=True))
-        turn_text = _render(tokenizer, messages[: i + 1], chat_template, add_generation_prompt=False)
+        prompt_ids, _ = _encode(tokenizer, _render(tokenizer, messages[:i], chat_template, True, template_kwargs))
+        turn_text = _render(tokenizer, messages[: i + 1], chat_template, False, template_kwargs)
         turn_ids, offsets = _encode(tokenizer, turn_text)
         if turn_ids[: len(prompt_ids)] != prompt_ids or full_ids[: len(turn_ids)] != turn_ids:
             raise TemplateError(
@@ -107,7 +111,7 @@ def tokenize_conversation(
         for k in range(start, stop):
             mask[k] = 1
     if has_generation_tags(chat_template or tokenizer.chat_template) and not any(m.get("truncated") for m in messages):
-        _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id)
+        _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id, template_kwargs)
     return Tokenized(full_ids, mask)
 
 
@@ -123,13 +127,14 @@ def _content_end_token(text: str, offsets: list[tuple[int, int]], start: int, en
     return next((k for k in range(start, end) if offsets[k][0] >= content_end and offsets[k][1] > offsets[k][0]), end)
 
 
-def _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id) -> None:
+def _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id, template_kwargs=None) -> None:
     enc = tokenizer.apply_chat_template(
         [{"role": m["role"], "content": m["content"]} for m in messages],
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=True,
         chat_template=chat_template,
+        **(template_kwargs or {}),
     )
     if list(enc["input_ids"]) != full_ids or list(enc["assistant_masks"]) != mask:
         raise TemplateError(
@@ -143,6 +148,8 @@ class TokenizeSettings:
     max_seq_len: int = default("tokenize", "max_seq_len")
     min_trainable_tokens: int = default("tokenize", "min_trainable_tokens")
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
+    chat_template_kwargs: dict = field(default_factory=dict)
     trust_remote_code: bool = default("target", "trust_remote_code")
 
 
@@ -167,7 +174,8 @@ def iter_tokenized(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, 
     for row in rows:
         stats["rows_in"] += 1
         stats["answers_truncated_at_generation"] += sum(bool(m.get("truncated")) for m in row["messages"])
-        tok = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"])
+        tok = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"],
+                                    template_kwargs=settings.chat_template_kwargs)
         if len(tok.input_ids) > settings.max_seq_len:
             stats["rows_truncated"] += 1
             stats["tokens_cut_by_truncation"] += len(tok.input_ids) - settings.max_seq_len

@@ -338,8 +338,10 @@ def train(
     threads: int = 1,
     gpus: int = 0,
     trust_remote_code: bool = False,
+    verifier_name: str | None = None,
 ) -> Path:
-    """Train (or resume) and publish `final_dir`; return it."""
+    """Train (or resume) and publish `final_dir`; return it. `verifier_name` replaces the
+    target's local path in final/config.json (None keeps the path)."""
     import torch
 
     cuda = torch.cuda.is_available() and gpus > 0
@@ -399,6 +401,8 @@ def train(
                 shutil.copy2(run_dir / name, staging / name)
         if (chosen / "val_metrics.json").exists():
             shutil.copy2(chosen / "val_metrics.json", staging / "val_metrics.json")
+        if verifier_name:
+            name_verifier(staging / "config.json", verifier_name)
         provenance = {
             "run_key": key,
             "algorithm": facts["algorithm"].name,
@@ -418,11 +422,21 @@ def train(
             "rows": facts["rows"],
             "throughput": throughput,
             "inputs": fingerprints,
+            # the checkpoint names the target by verifier_name; trained against this folder
+            "verifier": {"name": verifier_name, "local_path": str(Path(inputs.target).resolve())},
         }
         (staging / "draftline_provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
     if not settings.keep_old_runs:
         prune_old_runs(Path(runs_dir), keep=key)
     return Path(final_dir)
+
+
+def name_verifier(config_path: Path, name: str) -> None:
+    """Name the target `name` in a checkpoint's config.json (speculators_config.verifier.name_or_path)
+    instead of the local path training used, so the published draft carries no local path."""
+    config = json.loads(config_path.read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = name
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _size(folder: Path) -> int:

@@ -31,6 +31,20 @@ CHATML_GENERATION_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# ChatML with Qwen3's switch: `enable_thinking=False` (a chat-template variable, config
+# target.chat_template_kwargs) opens every assistant turn with an empty think block.
+NO_THINK = "<think>\n\n</think>\n"
+CHATML_THINKING_TEMPLATE = (
+    "{% set no_think = enable_thinking is defined and not enable_thinking %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' and no_think %}{{ '" + NO_THINK.replace("\n", "\\n") + "' }}{% endif %}"
+    "{{ message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if no_think %}{{ '" + NO_THINK.replace("\n", "\\n") + "' }}{% endif %}{% endif %}"
+)
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = [

@@ -1,0 +1,137 @@
+"""Which environment ./draftline builds (DRAFTLINE_ENV), and the check at the start of every GPU
+job that its torch build matches its device (draftline.plan.check_job_environment).
+
+The GPU environment is never built here (no network, no CUDA wheels): the tests read which
+requirements file ./draftline would install from the line it prints before installing, with a
+Python that stops right there. The real-Slurm case (a job that sees GPUs, planned from a
+machine without one) is in tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from draftline import plan
+from draftline.plan import PlanError, check_job_environment
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | None = None,
+              nvidia: bool = False) -> subprocess.CompletedProcess:
+    """`./draftline true` with a scratch venv folder; `built` writes the stamp of an environment
+    already built for that kind, `nvidia` puts an nvidia-smi that lists one GPU on PATH."""
+    venv = tmp_path / "venv"
+    venv.mkdir(exist_ok=True)
+    if built is not None:
+        req = REPO / ("requirements/gpu.txt" if built == "gpu" else "requirements/cpu.lock.txt")
+        (venv / ".draftline-requirements").write_text(f"{built} {hashlib.sha256(req.read_bytes()).hexdigest()}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.unlink(missing_ok=True)
+    if nvidia:
+        smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
+        smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTLINE_ENV"}
+    # a PATH without any real nvidia-smi, and a "python" that fails where the venv would be made
+    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", DRAFTLINE_VENV=str(venv), DRAFTLINE_PYTHON="false")
+    if env_choice is not None:
+        env["DRAFTLINE_ENV"] = env_choice
+    return subprocess.run([str(REPO / "draftline"), "true"], capture_output=True, text=True, env=env, timeout=60)
+
+
+def builds(result: subprocess.CompletedProcess) -> str | None:
+    """"gpu requirements/gpu.txt" from the line ./draftline prints before building; None if it did not build."""
+    for line in result.stderr.splitlines():
+        if line.startswith("draftline: setting up"):
+            words = line.split()
+            return f"{words[words.index('for') + 1]} {words[words.index('from') + 1]}"
+    return None
+
+
+def test_env_choice_builds_the_gpu_environment_on_a_machine_without_gpu(tmp_path):
+    # a login node: no nvidia-smi; DRAFTLINE_ENV=gpu builds the GPU list anyway
+    assert builds(draftline(tmp_path, env_choice="gpu")) == "gpu requirements/gpu.txt"
+    # without the choice the same machine builds the CPU list, as before
+    assert builds(draftline(tmp_path)) == "cpu requirements/cpu.lock.txt"
+    # on a GPU machine auto builds the GPU list, and DRAFTLINE_ENV=cpu overrides it
+    assert builds(draftline(tmp_path, nvidia=True)) == "gpu requirements/gpu.txt"
+    assert builds(draftline(tmp_path, env_choice="cpu", nvidia=True)) == "cpu requirements/cpu.lock.txt"
+
+
+def test_env_choice_sticks_to_the_environment_that_was_built(tmp_path):
+    # a GPU environment built on the login node is used as it is by a later plain ./draftline
+    # there (auto does not rebuild it for the CPU), and rebuilt only when asked for another kind
+    used = draftline(tmp_path, built="gpu")
+    assert used.returncode == 0 and builds(used) is None, used.stderr
+    assert builds(draftline(tmp_path, built="gpu", env_choice="cpu")) == "cpu requirements/cpu.lock.txt"
+    assert builds(draftline(tmp_path, built="cpu", nvidia=True)) is None
+
+
+def test_env_choice_rejects_an_unknown_value(tmp_path):
+    result = draftline(tmp_path, env_choice="cuda")
+    assert result.returncode == 2
+    assert "DRAFTLINE_ENV=cuda: use gpu, cpu or auto" in result.stderr
+
+
+# ------------------------------------------------------------------ the check inside a job
+
+
+@pytest.fixture
+def node(monkeypatch):
+    """Set what a job sees: its torch build and the GPUs its node offers (Slurm's)."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(plan, "machine_has_nvidia_gpu", lambda: False)
+
+    def set_node(torch: str, cuda_available: bool = False, slurm_gpus: str | None = None):
+        monkeypatch.setattr(plan, "torch_build", lambda: (torch, "+cpu" not in torch, cuda_available))
+        if slurm_gpus is not None:
+            monkeypatch.setenv("SLURM_JOB_ID", "42")
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", slurm_gpus)
+
+    return set_node
+
+
+def test_a_cpu_torch_on_a_gpu_node_planned_for_cuda_stops_and_says_how_to_build(node):
+    node("2.13.0+cpu", slurm_gpus="0")
+    with pytest.raises(PlanError) as error:
+        check_job_environment({"device": "cuda"}, setting="cuda")
+    message = str(error.value)
+    assert "torch 2.13.0+cpu is a CPU build" in message
+    assert "offers GPUs 0 (CUDA_VISIBLE_DEVICES, given by Slurm job 42)" in message
+    assert "DRAFTLINE_ENV=gpu ./draftline" in message
+
+
+def test_a_cpu_plan_from_a_gpu_less_login_node_stops_on_a_gpu_node(node, caplog):
+    # device: auto on the login node planned cpu; the job landed where Slurm gives it GPUs
+    node("2.13.0+cpu", slurm_gpus="0,1")
+    with pytest.raises(PlanError, match=r"device: auto.*offers GPUs 0,1.*plan with device: cuda"):
+        check_job_environment({"device": "cpu"}, setting="auto")
+    # device: cpu chosen on purpose runs, and says so in the job's log
+    with caplog.at_level(logging.INFO, logger="draftline.plan"):
+        check_job_environment({"device": "cpu"}, setting="cpu")
+    assert "computing on the CPU with torch 2.13.0+cpu although this node offers GPUs 0,1" in caplog.text
+
+
+def test_a_cuda_torch_planned_for_cpu_stops(node):
+    node("2.13.0+cu130", cuda_available=False)
+    with pytest.raises(PlanError, match=r"planned for CPU .* the GPU one \(torch 2.13.0\+cu130.*DRAFTLINE_ENV=cpu"):
+        check_job_environment({"device": "cpu"}, setting="cpu")
+    node("2.13.0+cu130", cuda_available=True)
+    with pytest.raises(PlanError, match="runs where CUDA is available"):
+        check_job_environment({"device": "cpu"}, setting="cpu")
+
+
+def test_matching_environments_pass(node):
+    node("2.13.0+cpu")
+    check_job_environment({"device": "cpu"}, setting="auto")  # a CPU machine, CPU torch
+    node("2.13.0+cu130", cuda_available=True, slurm_gpus="0")
+    check_job_environment({"device": "cuda"}, setting="cuda")  # a GPU node, CUDA torch
