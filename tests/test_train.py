@@ -144,8 +144,9 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     ]  # fmt: skip
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     losses = {int(k): v for k, v in provenance["val_loss_per_epoch"].items()}
-    assert sorted(losses) == [0, 1]
+    assert sorted(losses) == [1, 2]  # epochs counted from 1, as in the logs and the report
     assert provenance["chosen_epoch"] == min(losses, key=losses.get)
+    assert provenance["chosen_epoch_folder"] == str(provenance["chosen_epoch"] - 1)  # speculators' folder
     assert provenance["optimizer"] == "adamw" and provenance["device"] == "cpu"
     assert provenance["throughput"]["tokens_per_s"] > 0
     assert "--from-pretrained" in (final / "train_command.txt").read_text()
@@ -192,7 +193,8 @@ def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplo
     text = caplog.text
     assert f"discarding incomplete checkpoint {run_dir / '1'}" in text
     assert "Resuming training on epoch 1." in text  # speculators counts epochs from 0
-    assert "[draftline] epoch 2 done" in text and "[draftline] epoch 1 step" not in text
+    assert "[draftline] epoch 2 done" in text and "(epoch 1/2)" not in text  # epoch 1 not trained again
+    assert "[draftline] step " in text  # progress: step N/M (epoch e/E)
     assert [p.name for p in (root / "runs").iterdir()] == [run_dir.name]  # same run, no new one
     assert (final / "model.safetensors").exists()
 

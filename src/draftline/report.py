@@ -57,15 +57,16 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
         losses = metrics.loss_per_epoch(records)
     else:  # a draft trained before final/ kept its records: the validation losses it recorded
         log.warning("%s is missing: plotting the validation loss recorded in final/ only", records)
-        losses = {int(e): {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
+        shift = 1 if "chosen_epoch_folder" in provenance else 0  # keys counted from 1 since then
+        losses = {int(e) - shift: {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for key, style in (("train", "o-"), ("val", "s--")):
         points = [(e + 1, v[key]) for e, v in sorted(losses.items()) if key in v]
         if points:
             ax.plot(*zip(*points, strict=True), style, label=f"{key} loss")
-    chosen = provenance.get("chosen_epoch")
+    chosen = chosen_epoch(provenance)
     if chosen is not None:
-        ax.axvline(chosen + 1, color="grey", lw=0.8, ls=":", label=f"published epoch {chosen + 1}")
+        ax.axvline(chosen, color="grey", lw=0.8, ls=":", label=f"published epoch {chosen}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss (sum over TTT steps)")
     ax.set_title("Draft training loss per epoch")
@@ -73,6 +74,15 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
     ax.legend()
     _save(fig, out)
     return losses
+
+
+def chosen_epoch(provenance: dict) -> int | None:
+    """The published epoch counted from 1 (final/'s provenance before `chosen_epoch_folder` was
+    recorded held speculators' 0-based folder number)."""
+    chosen = provenance.get("chosen_epoch")
+    if chosen is None:
+        return None
+    return int(chosen) if "chosen_epoch_folder" in provenance else int(chosen) + 1
 
 
 # ---------------------------------------------------------------- evaluation
