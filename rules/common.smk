@@ -187,12 +187,14 @@ def report_plots():
 
 
 def all_outputs():
-    """The final draft (the main target), its evaluation, the report's plots, and the lineage of all three."""
+    """The final draft (the main target), its evaluation, the report's plots, the lineage of all
+    three, and the run's one-page summary (rules/summary.smk)."""
     return [
         "results/checkpoint/final",
         "results/eval/acceptance.json",
         *report_plots(),
         "results/lineage.json",
+        "results/summary.md",
     ]
 
 

@@ -192,13 +192,14 @@ def plot_wall_times(benchmark_dir: str | Path, out: str | Path) -> dict[str, flo
     times = read_benchmarks(benchmark_dir)
     if not times:
         raise ValueError(f"{benchmark_dir}: no benchmark files (*.tsv); the stages write them with `benchmark:`")
-    fig, ax = plt.subplots(figsize=(6, 0.8 + 0.32 * len(times)))
-    names = list(times)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(times)))
+    names = sorted(times, key=times.get)  # longest at the top
     bars = ax.barh(names, [times[n] for n in names])
     ax.bar_label(bars, labels=[_duration(times[n]) for n in names], fontsize=8, padding=2)
-    ax.set_xlim(0, max(times.values()) * 1.2)
+    ax.set_xlim(0, max(times.values()) * 1.25)
     ax.set_xlabel("wall time (s)")
-    ax.set_title(f"Stage wall times (sum over jobs {_duration(sum(times.values()))}; parallel jobs overlap)", fontsize=10)
+    # two short lines: one long line was cut at the figure's edge
+    ax.set_title(f"Wall time per job, longest first\nsum {_duration(sum(times.values()))} (parallel jobs overlap)", fontsize=10)
     _save(fig, out)
     return times
 
