@@ -252,3 +252,18 @@ def _hidden_state_disk_use():
 
 
 _hidden_state_disk_use()
+
+
+def _sizing():
+    """Before the first job: GPU-hours per stage and hidden-state bytes for this config, from the
+    prompt count and the configured lengths (draftline.sizing, docs/sizing.md)."""
+    from draftline.sizing import for_config
+
+    if workflow.remote_exec or Path("results/checkpoint/final").exists():
+        return
+    text = for_config(config, TARGET.kind, TARGET.dir, DEVICE, _train_gpus())
+    if text:
+        print(f"draftline: {text}", file=sys.stderr)
+
+
+_sizing()
