@@ -147,16 +147,22 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
         train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
     vllm = plan.gpus_per_vllm_job
-    # device-seconds: every GPU of a job counts for the job's whole time
-    stages = {
-        "regeneration": (generated / decode / vllm + load_s) * vllm * plan.regenerate_shards if generated else 0.0,
-        "extraction": (tokens / extract / vllm + load_s) * vllm * plan.hidden_state_shards,
-        "training": plan.epochs * tokens / train + START_S * plan.train_gpus,
-        # three engines (target alone, trained, untrained draft), each loading the target
-        "evaluation": (3 * plan.eval_prompts * plan.eval_new_tokens / decode / vllm + 3 * load_s) * vllm,
+    # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
+    # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
+    work = {
+        "regeneration": generated / decode,
+        "extraction": tokens / extract,
+        "training": plan.epochs * tokens / train,
+        # three engines (target alone, trained, untrained draft) on the held-out prompts
+        "evaluation": 3 * plan.eval_prompts * plan.eval_new_tokens / decode,
     }
-    jobs = {"regeneration": vllm * plan.regenerate_shards, "extraction": vllm * plan.hidden_state_shards,
-            "training": plan.train_gpus, "evaluation": vllm}  # fmt: skip
+    jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
+    gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
+    start = {"regeneration": load_s, "extraction": load_s, "training": START_S, "evaluation": 3 * load_s}
+    if not generated:
+        work["regeneration"] = jobs["regeneration"] = 0
+    device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] for k in work}
+    wall_s = {k: (work[k] / (gpus[k] * jobs[k]) + start[k]) if jobs[k] else 0.0 for k in work}
     bytes_per_token = (plan.aux_layers + 1) * shape.hidden * plan.dtype_bytes + 8
     return {
         "target": shape.name,
@@ -164,8 +170,8 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
         "conversations": plan.conversations,
         "tokens": tokens,
         "generated_tokens": generated,
-        "device_hours": {k: v / 3600 for k, v in stages.items()},
-        "wall_hours": {k: v / 3600 / jobs[k] for k, v in stages.items()},
+        "device_hours": {k: v / 3600 for k, v in device_s.items()},
+        "wall_hours": {k: v / 3600 for k, v in wall_s.items()},
         "hidden_state_bytes": tokens * bytes_per_token,
         "bytes_per_token": bytes_per_token,
         "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
