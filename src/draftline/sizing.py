@@ -279,7 +279,7 @@ def describe(est: dict) -> str:
     )
 
 
-def table(tokens: int = 100_000_000, epochs: int = 3, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
+def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
     """The docs' table: per 100 M tokens (conversations of seq_len, half of them generated)."""
     conversations = tokens // seq_len
     rows = [
