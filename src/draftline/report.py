@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from pathlib import Path
@@ -22,6 +21,8 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
 from draftline.artifacts import metrics  # noqa: E402
+from draftline.artifacts.benchmarks import read_benchmarks  # noqa: E402,F401 (re-exported)
+from draftline.artifacts.checkpoint import chosen_epoch  # noqa: E402
 from draftline.artifacts import token_freq as token_freq_file  # noqa: E402
 from draftline.artifacts.hidden_states import read_manifest  # noqa: E402
 
@@ -74,15 +75,6 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
     ax.legend()
     _save(fig, out)
     return losses
-
-
-def chosen_epoch(provenance: dict) -> int | None:
-    """The published epoch counted from 1 (final/'s provenance before `chosen_epoch_folder` was
-    recorded held speculators' 0-based folder number)."""
-    chosen = provenance.get("chosen_epoch")
-    if chosen is None:
-        return None
-    return int(chosen) if "chosen_epoch_folder" in provenance else int(chosen) + 1
 
 
 # ---------------------------------------------------------------- evaluation
@@ -171,21 +163,6 @@ def plot_hidden_states_disk(shard_dirs: list[str | Path], out: str | Path) -> li
 
 
 # ---------------------------------------------------------------- wall times
-
-
-def read_benchmarks(benchmark_dir: str | Path, exclude: tuple[str, ...] = ("report",)) -> dict[str, float]:
-    """Job name (path under benchmark_dir without .tsv) -> wall seconds of its last run."""
-    root = Path(benchmark_dir)
-    times = {}
-    for path in sorted(root.rglob("*.tsv")):
-        name = path.relative_to(root).with_suffix("").as_posix()
-        if name.split("/")[0] in exclude:
-            continue
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle, delimiter="\t"))
-        if rows and rows[-1].get("s") not in (None, "", "NA"):
-            times[name] = float(rows[-1]["s"])
-    return times
 
 
 def plot_wall_times(benchmark_dir: str | Path, out: str | Path) -> dict[str, float]:

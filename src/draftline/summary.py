@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from draftline.atomic import atomic_file
-from draftline.report import chosen_epoch, read_benchmarks
+from draftline.artifacts.benchmarks import read_benchmarks
+from draftline.artifacts.checkpoint import chosen_epoch
 
 log = logging.getLogger(__name__)
 

@@ -347,8 +347,8 @@ def _child_env(threads: int, metrics_path: Path) -> dict:
     env["DRAFTLINE_METRICS_PATH"] = str(metrics_path)
     env["COLUMNS"] = "160"  # speculators' rich console wraps at 80 columns off a terminal
     env["PYTHONUNBUFFERED"] = "1"
-    # speculators' per-epoch bars count epochs from 0 and redraw into the log; the
-    # `[draftline] step N/M` lines say the same, from 1
+    # progress bars (transformers' "Writing model shards") redraw into the log; the
+    # `[draftline] step N/M` lines say where training is
     env["TQDM_DISABLE"] = "1"
     return env
 
@@ -357,6 +357,7 @@ def _child_env(threads: int, metrics_path: Path) -> dict:
 TRAINER_NOISE = (
     "`model.safetensors.index.json` file not found",
     "speculators.utils.loading:_resolve_file",  # "Loading from local directory: ..."
+    "━━━━━━━━━━",  # speculators' per-epoch bars (rich), epochs counted from 0: `[draftline] step N/M` says it
 )
 
 
@@ -485,7 +486,10 @@ def train(
     chosen = epoch_dirs(run_dir)[epoch]
     algorithms.check_checkpoint(chosen, facts["algorithm"], facts["facts"])
     throughput = metrics.throughput(metrics_path)
-    log.info("chose epoch %d (%s); val loss per epoch %s; %s", epoch + 1, reason, losses, throughput)
+    log.info(
+        "chose epoch %d (%s); val loss per epoch (from 1) %s; %s",
+        epoch + 1, reason, {e + 1: round(v, 6) for e, v in losses.items()}, throughput,
+    )  # fmt: skip
 
     with atomic_dir(final_dir) as staging:
         for name in FINAL_FILES:
