@@ -354,3 +354,49 @@ def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
     refused = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
     assert build_parser().parse_args(allowed).trust_remote_code is True
     assert getattr(build_parser().parse_args(refused), "trust_remote_code", False) is False
+
+
+def _checkpoint(folder, local_step: int, state_last: bool = True):
+    import os
+
+    folder.mkdir(parents=True)
+    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt"]
+    for name in names:
+        (folder / name).write_text("x")
+    (folder / "training_state.json").write_text(json.dumps({"epoch": int(folder.name), "local_step": local_step}))
+    if not state_last:  # weights rewritten after the state: a later save cut short
+        later = (folder / "training_state.json").stat().st_mtime_ns + 10**9
+        os.utime(folder / "model.safetensors", ns=(later, later))
+
+
+def test_step_checkpoints_resume_mid_epoch_and_are_never_published(tmp_path):
+    """speculators' training_state.json tells an epoch's end (local_step 0) from a step checkpoint;
+    only the former counts as a finished epoch, and a cut-short save is discarded."""
+    from draftline.train import INTERRUPTED, choose_epoch, describe_start, discard_incomplete_epochs, finished_epochs
+
+    run = tmp_path / "run"
+    assert describe_start(run, 3) == "fresh start"
+    _checkpoint(run / "0", 0)
+    assert describe_start(run, 3) == "resuming after epoch 1 of 3"
+    _checkpoint(run / "1", 5)
+    assert describe_start(run, 3) == "resuming in epoch 2 of 3 after its step 5 (a step checkpoint)"
+    assert list(finished_epochs(run)) == [0]
+    with pytest.raises(RuntimeError, match="end of the last epoch"):
+        choose_epoch(run, 2, False, {})  # epoch 2 only has a step checkpoint: nothing to publish
+    (run / INTERRUPTED).mkdir()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        choose_epoch(run, 1, False, {})
+    _checkpoint(run / "2", 3, state_last=False)
+    discard_incomplete_epochs(run)
+    assert sorted(p.name for p in run.iterdir()) == ["0", "1"]  # the cut-short save and interrupted/ gone
+
+
+def test_progress_counts_steps_from_one_with_the_time_left():
+    from draftline.train_entry import MetricsRecorder
+
+    recorder = MetricsRecorder(None)
+    assert recorder.where(0, 100.0) == "step 1"  # before the Trainer tells the step counts
+    recorder.steps_per_epoch, recorder.epochs = 10, 3
+    recorder.first_step = None
+    assert recorder.where(12, 100.0) == "step 13/30 (epoch 2/3)"  # a resumed run starts at its step
+    assert recorder.where(14, 110.0) == "step 15/30 (epoch 2/3), about 0:01:15 left"  # 5 s a step, 15 to go
