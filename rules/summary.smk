@@ -27,7 +27,6 @@ rule summary:
         code=code("summary", script="summary"),
         target=TARGET.name,
         device=DEVICE,
-        results="results",
         benchmarks="results/benchmarks",
     script:
         "../scripts/summary.py"

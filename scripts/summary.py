@@ -8,7 +8,7 @@ from draftline.summary import build_summary, write_summary
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     summary = build_summary(
-        snakemake.params.results,
+        Path(snakemake.output.json).parent,  # results/
         # the work folder's name: read here, not a param, so a moved folder reruns nothing
         run_name=Path.cwd().name,
         target=snakemake.params.target,

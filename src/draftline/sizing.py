@@ -11,8 +11,10 @@ Rates come from measurements where there are some and are scaled by FLOPs per to
 - training, H200: measured 28.1k tokens/s for the 8B target's draft (1 layer, draft vocab 32k,
   8k-token batches, 4 loader workers; benchmarks/cuda/results/h200x2_8b_loader_workers.md); other
   targets: scaled by the draft's linear parameters (its layer, fc and lm_head).
-- regeneration and evaluation, H200: NOT measured (no vLLM on the GPU machine): batched greedy
-  decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token.
+- regeneration and evaluation, H200: vLLM NOT measured (none on the GPU machine): batched greedy
+  decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token;
+  transformers' own generate on the 8B shape measured 14.0k tokens/s = 0.25 of it at batch 1024, a
+  lower bound (benchmarks/cuda/results/h200_8b_decode_transformers.md).
 - CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
   regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
   the CPU scaled by FLOPs per token the same way.
@@ -27,7 +29,7 @@ from pathlib import Path
 # bf16 8192^3 matmul on one H200, short bursts (h200_8b_extraction_recheck.json)
 H200_MATMUL_FLOPS = 787.8e12
 EXTRACTION_FRACTION = 0.54  # measured: warm extraction / the limit (8B-shaped target)
-DECODE_FRACTION = 0.3  # assumed, not measured: batched greedy decoding in vLLM
+DECODE_FRACTION = 0.3  # assumed for vLLM; transformers generate measured 0.25 (batch 1024)
 TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
 DRAFT_LINEAR_8B = None  # filled below from the 8B shape
 LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
