@@ -292,7 +292,7 @@ def test_sigterm_mid_epoch_resumes_from_the_step_checkpoint(tiny_run, tmp_path):
 
     proc = start(run, "--cores", "2", "results/checkpoint/final", env=env)
     # past the end of epoch 1 and the step checkpoint inside epoch 2
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 900
     while states().get("1", {}).get("local_step") != 1:
         assert proc.poll() is None and time.monotonic() < deadline, "no step checkpoint in epoch 2"
         time.sleep(0.05)
