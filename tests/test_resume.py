@@ -279,7 +279,7 @@ def test_sigterm_mid_epoch_resumes_from_the_step_checkpoint(tiny_run, tmp_path):
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SLOW_STEPS)
-    env = dict(os.environ, DRAFTLINE_TEST_SLOW_STEP="0.7",
+    env = dict(os.environ, DRAFTLINE_TEST_SLOW_STEP="2.5",
                PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
 
     def states() -> dict[str, dict]:
@@ -291,7 +291,8 @@ def test_sigterm_mid_epoch_resumes_from_the_step_checkpoint(tiny_run, tmp_path):
         return found
 
     proc = start(run, "--cores", "2", "results/checkpoint/final", env=env)
-    # past the end of epoch 1 and the step checkpoint inside epoch 2
+    # past the end of epoch 1 and the step checkpoint inside epoch 2; the signal must land within
+    # the 2.5 s (slowed) step after it, before the epoch's end is saved
     deadline = time.monotonic() + 900
     while states().get("1", {}).get("local_step") != 1:
         assert proc.poll() is None and time.monotonic() < deadline, "no step checkpoint in epoch 2"
