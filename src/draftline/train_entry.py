@@ -15,8 +15,9 @@ after three narrow additions:
   progress lines on stdout (`step N/M`, epochs counted from 1, the time left); speculators'
   own console copy of each record (five lines a step) is switched off: the records are in
   metrics.jsonl, the resolved settings in run.yaml.
-- a second SIGTERM while speculators saves its interrupt checkpoint is ignored (Slurm signals
-  every process of a job, and draftline's job process forwards its own): SIGKILL still ends it.
+- a second SIGTERM (Slurm signals every process of a job, and draftline's job process forwards
+  its own) neither deadlocks speculators' signal handler nor cuts its interrupt save; SIGKILL
+  still ends it.
 """
 
 from __future__ import annotations
@@ -186,12 +187,24 @@ def install_step_counts(recorder: MetricsRecorder) -> None:
 
 
 def ignore_repeated_sigterm() -> None:
-    """speculators restores the default SIGTERM action before saving its interrupt checkpoint;
-    a second SIGTERM (Slurm's to every process plus draftline's forward) would cut that save."""
+    """A second SIGTERM (Slurm's to every process plus draftline's forward) must neither hang nor
+    cut the interrupt save. speculators' handler takes a plain Lock: a second signal arriving
+    while the first handler holds it (it logs under the lock) re-enters on the same thread and
+    waits forever (seen here: the Trainer hung in a futex after two SIGTERMs 30 ms apart). An
+    RLock lets the nested call see `_interrupted` and return. And speculators restores the
+    default SIGTERM action before saving, so a later SIGTERM would kill the save: ignored."""
     import signal
+    import threading
 
     from speculators.train import graceful_shutdown
 
+    real_init = graceful_shutdown.GracefulShutdownHandler.__init__
+
+    def __init__(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._lock = threading.RLock()
+
+    graceful_shutdown.GracefulShutdownHandler.__init__ = __init__
     real_restore = graceful_shutdown.GracefulShutdownHandler.restore
 
     def restore(self):
