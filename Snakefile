@@ -26,6 +26,7 @@ include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/lineage.smk"
+include: "rules/summary.smk"
 
 
 rule all:

@@ -192,12 +192,14 @@ def report_plots():
 
 
 def all_outputs():
-    """The final draft (the main target), its evaluation, the report's plots, and the lineage of all three."""
+    """The final draft (the main target), its evaluation, the report's plots, the lineage of all
+    three, and the run's one-page summary (rules/summary.smk)."""
     return [
         "results/checkpoint/final",
         "results/eval/acceptance.json",
         *report_plots(),
         "results/lineage.json",
+        "results/summary.md",
     ]
 
 
@@ -255,3 +257,18 @@ def _hidden_state_disk_use():
 
 
 _hidden_state_disk_use()
+
+
+def _sizing():
+    """Before the first job: GPU-hours per stage and hidden-state bytes for this config, from the
+    prompt count and the configured lengths (draftline.sizing, docs/sizing.md)."""
+    from draftline.sizing import for_config
+
+    if workflow.remote_exec or Path("results/checkpoint/final").exists():
+        return
+    text = for_config(config, TARGET.kind, TARGET.dir, DEVICE, _train_gpus())
+    if text:
+        print(f"draftline: {text}", file=sys.stderr)
+
+
+_sizing()

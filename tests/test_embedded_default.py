@@ -54,7 +54,7 @@ def test_default_run_produces_a_checkpoint_speculators_loads(default_run):
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert model.config.transformer_layer_config.hidden_size == 576
     provenance = json.loads((final / "draftline_provenance.json").read_text())
-    assert provenance["epochs"] == 2 and provenance["chosen_epoch"] in (0, 1)
+    assert provenance["epochs"] == 2 and provenance["chosen_epoch"] in (1, 2)
 
 
 # The trained draft must beat the untrained one by more than this on the test set. Measured on

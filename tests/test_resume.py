@@ -87,7 +87,7 @@ def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Pope
     )  # fmt: skip
 
 
-def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 900, sig: int = signal.SIGKILL) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
@@ -96,7 +96,7 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError("the kill point was not reached in time")
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, sig)
     proc.wait()
 
 
@@ -108,7 +108,9 @@ def assert_locked_then_unlock(workdir: Path, *rerun: str) -> None:
 
 
 @pytest.mark.slow
-def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path):
+# SIGTERM: what Slurm sends every process of a preempted or timed-out job before SIGKILL
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path, sig):
     run = copy_run(tiny_run, tmp_path / "run")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -128,14 +130,17 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     (run / "results/lineage.json").unlink()
     staging = run / "results/hidden_states/.staging"
     proc = start(run, "--cores", "1", "results/lineage.json", env=env)
-    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2)
+    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2, sig=sig)
     # inode per staged file: the published shard hard-links them, so equal inodes mean kept
     staged = {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
     assert 2 <= len(staged) < rows
     assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
 
     rerun = ("--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
-    assert_locked_then_unlock(run, *rerun)
+    if sig == signal.SIGKILL:
+        assert_locked_then_unlock(run, *rerun)
+    else:  # Snakemake stops gracefully on SIGTERM; unlocking is harmless either way
+        snakemake(run, "--unlock")
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
         "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
@@ -231,3 +236,85 @@ def test_killed_regeneration_resumes_answering_each_conversation_once(tiny_run, 
     assert (run / target).read_bytes() == reference
     # same answers, same settings file: nothing after regeneration reruns
     assert planned_jobs(run, "results/lineage.json") == {}
+
+
+# Imported by every Python process of a test run (on PYTHONPATH): each optimizer step of
+# speculators' Trainer sleeps, so a signal lands between checkpoints.
+SLOW_STEPS = '''
+import importlib.machinery, os, sys, time
+_delay = float(os.environ.get("DRAFTLINE_TEST_SLOW_STEP", "0"))
+
+class _SlowSteps:
+    def find_spec(self, name, path=None, target=None):
+        if name != "speculators.train.trainer":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+        def patched(module):
+            exec_module(module)
+            step = module.Trainer._schedulers_step
+            def slow(self):
+                time.sleep(_delay)
+                return step(self)
+            module.Trainer._schedulers_step = slow
+        spec.loader.exec_module = patched
+        return spec
+
+if _delay:
+    sys.meta_path.insert(0, _SlowSteps())
+'''
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_resumes_from_the_step_checkpoint(tiny_run, tmp_path):
+    """Slurm preempts or times out a job with SIGTERM to all its processes: training stops,
+    publishes nothing, and the rerun resumes inside the epoch from the last step checkpoint
+    (train.checkpoint_freq 0.5: one after the first of each epoch's two steps)."""
+    run = copy_run(tiny_run, tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"].update(epochs=3, checkpoint_freq=0.5)  # a new run key: its own folder
+    write_config(run, config)
+    runs = run / "results/checkpoint/runs"
+    old_runs = {p.name for p in runs.iterdir()}
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SLOW_STEPS)
+    env = dict(os.environ, DRAFTLINE_TEST_SLOW_STEP="2.5",
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+
+    def states() -> dict[str, dict]:
+        found = {}
+        for r in runs.iterdir():
+            for d in (r.iterdir() if r.name not in old_runs else ()):
+                if d.name.isdigit() and (d / "training_state.json").exists():
+                    found[d.name] = json.loads((d / "training_state.json").read_text())
+        return found
+
+    proc = start(run, "--cores", "2", "results/checkpoint/final", env=env)
+    # past the end of epoch 1 and the step checkpoint inside epoch 2; the signal must land within
+    # the 2.5 s (slowed) step after it, before the epoch's end is saved
+    deadline = time.monotonic() + 900
+    while states().get("1", {}).get("local_step") != 1:
+        assert proc.poll() is None and time.monotonic() < deadline, "no step checkpoint in epoch 2"
+        time.sleep(0.05)
+    # into the slowed step, past the save's last log line: speculators raises from its signal
+    # handler, and an exception raised inside a logging call is swallowed by logging
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=300) != 0
+    log = (run / "logs/train.log").read_text()
+    assert "received SIGTERM" in log
+    assert not (run / "results/checkpoint/final").exists()
+    (run_dir,) = (r for r in runs.iterdir() if r.name not in old_runs)
+    kept = (run_dir / "0" / "model.safetensors").stat().st_mtime_ns
+    assert states()["1"]["local_step"] == 1  # the step checkpoint is still there to resume from
+
+    snakemake(run, "--unlock")
+    snakemake(run, "--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
+    log = (run / "logs/train.log").read_text()
+    assert "resuming in epoch 2 of 3 after its step 1 (a step checkpoint)" in log
+    assert "Resuming mid-epoch from epoch=1 local_step=1" in log  # speculators' own resume
+    assert (run_dir / "0" / "model.safetensors").stat().st_mtime_ns == kept  # epoch 1 not trained again
+    assert not (run_dir / "interrupted").exists()
+    provenance = json.loads((run / "results/checkpoint/final/draftline_provenance.json").read_text())
+    assert provenance["epochs"] == 3 and 1 <= provenance["chosen_epoch"] <= 3

@@ -144,8 +144,9 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     ]  # fmt: skip
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     losses = {int(k): v for k, v in provenance["val_loss_per_epoch"].items()}
-    assert sorted(losses) == [0, 1]
+    assert sorted(losses) == [1, 2]  # epochs counted from 1, as in the logs and the report
     assert provenance["chosen_epoch"] == min(losses, key=losses.get)
+    assert provenance["chosen_epoch_folder"] == str(provenance["chosen_epoch"] - 1)  # speculators' folder
     assert provenance["optimizer"] == "adamw" and provenance["device"] == "cpu"
     assert provenance["throughput"]["tokens_per_s"] > 0
     assert "--from-pretrained" in (final / "train_command.txt").read_text()
@@ -192,7 +193,8 @@ def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplo
     text = caplog.text
     assert f"discarding incomplete checkpoint {run_dir / '1'}" in text
     assert "Resuming training on epoch 1." in text  # speculators counts epochs from 0
-    assert "[draftline] epoch 2 done" in text and "[draftline] epoch 1 step" not in text
+    assert "[draftline] epoch 2 done" in text and "(epoch 1/2)" not in text  # epoch 1 not trained again
+    assert "[draftline] step " in text  # progress: step N/M (epoch e/E)
     assert [p.name for p in (root / "runs").iterdir()] == [run_dir.name]  # same run, no new one
     assert (final / "model.safetensors").exists()
 
@@ -352,3 +354,49 @@ def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
     refused = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
     assert build_parser().parse_args(allowed).trust_remote_code is True
     assert getattr(build_parser().parse_args(refused), "trust_remote_code", False) is False
+
+
+def _checkpoint(folder, local_step: int, state_last: bool = True):
+    import os
+
+    folder.mkdir(parents=True)
+    names = ["config.json", "model.safetensors", "optimizer_state_dict.pt"]
+    for name in names:
+        (folder / name).write_text("x")
+    (folder / "training_state.json").write_text(json.dumps({"epoch": int(folder.name), "local_step": local_step}))
+    if not state_last:  # weights rewritten after the state: a later save cut short
+        later = (folder / "training_state.json").stat().st_mtime_ns + 10**9
+        os.utime(folder / "model.safetensors", ns=(later, later))
+
+
+def test_step_checkpoints_resume_mid_epoch_and_are_never_published(tmp_path):
+    """speculators' training_state.json tells an epoch's end (local_step 0) from a step checkpoint;
+    only the former counts as a finished epoch, and a cut-short save is discarded."""
+    from draftline.train import INTERRUPTED, choose_epoch, describe_start, discard_incomplete_epochs, finished_epochs
+
+    run = tmp_path / "run"
+    assert describe_start(run, 3) == "fresh start"
+    _checkpoint(run / "0", 0)
+    assert describe_start(run, 3) == "resuming after epoch 1 of 3"
+    _checkpoint(run / "1", 5)
+    assert describe_start(run, 3) == "resuming in epoch 2 of 3 after its step 5 (a step checkpoint)"
+    assert list(finished_epochs(run)) == [0]
+    with pytest.raises(RuntimeError, match="end of the last epoch"):
+        choose_epoch(run, 2, False, {})  # epoch 2 only has a step checkpoint: nothing to publish
+    (run / INTERRUPTED).mkdir()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        choose_epoch(run, 1, False, {})
+    _checkpoint(run / "2", 3, state_last=False)
+    discard_incomplete_epochs(run)
+    assert sorted(p.name for p in run.iterdir()) == ["0", "1"]  # the cut-short save and interrupted/ gone
+
+
+def test_progress_counts_steps_from_one_with_the_time_left():
+    from draftline.train_entry import MetricsRecorder
+
+    recorder = MetricsRecorder(None)
+    assert recorder.where(0, 100.0) == "step 1"  # before the Trainer tells the step counts
+    recorder.steps_per_epoch, recorder.epochs = 10, 3
+    recorder.first_step = None
+    assert recorder.where(12, 100.0) == "step 13/30 (epoch 2/3)"  # a resumed run starts at its step
+    assert recorder.where(14, 110.0) == "step 15/30 (epoch 2/3), about 0:01:15 left"  # 5 s a step, 15 to go

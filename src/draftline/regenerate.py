@@ -139,6 +139,8 @@ class _LogProgress(tqdm):
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):
+        if str(self.desc).startswith("Rendering"):  # vLLM's chat rendering: a blink, a line a turn
+            return True
         if self.n and self.n != getattr(self, "_logged_n", None):  # not the empty bar, not twice
             self._logged_n = self.n
             log.info("  %s", self.format_meter(**self.format_dict).strip())

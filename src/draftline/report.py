@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from pathlib import Path
@@ -22,6 +21,8 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
 from draftline.artifacts import metrics  # noqa: E402
+from draftline.artifacts.benchmarks import read_benchmarks  # noqa: E402,F401 (re-exported)
+from draftline.artifacts.checkpoint import chosen_epoch  # noqa: E402
 from draftline.artifacts import token_freq as token_freq_file  # noqa: E402
 from draftline.artifacts.hidden_states import read_manifest  # noqa: E402
 
@@ -57,15 +58,16 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
         losses = metrics.loss_per_epoch(records)
     else:  # a draft trained before final/ kept its records: the validation losses it recorded
         log.warning("%s is missing: plotting the validation loss recorded in final/ only", records)
-        losses = {int(e): {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
+        shift = 1 if "chosen_epoch_folder" in provenance else 0  # keys counted from 1 since then
+        losses = {int(e) - shift: {"val": v} for e, v in provenance.get("val_loss_per_epoch", {}).items()}
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for key, style in (("train", "o-"), ("val", "s--")):
         points = [(e + 1, v[key]) for e, v in sorted(losses.items()) if key in v]
         if points:
             ax.plot(*zip(*points, strict=True), style, label=f"{key} loss")
-    chosen = provenance.get("chosen_epoch")
+    chosen = chosen_epoch(provenance)
     if chosen is not None:
-        ax.axvline(chosen + 1, color="grey", lw=0.8, ls=":", label=f"published epoch {chosen + 1}")
+        ax.axvline(chosen, color="grey", lw=0.8, ls=":", label=f"published epoch {chosen}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss (sum over TTT steps)")
     ax.set_title("Draft training loss per epoch")
@@ -163,32 +165,18 @@ def plot_hidden_states_disk(shard_dirs: list[str | Path], out: str | Path) -> li
 # ---------------------------------------------------------------- wall times
 
 
-def read_benchmarks(benchmark_dir: str | Path, exclude: tuple[str, ...] = ("report",)) -> dict[str, float]:
-    """Job name (path under benchmark_dir without .tsv) -> wall seconds of its last run."""
-    root = Path(benchmark_dir)
-    times = {}
-    for path in sorted(root.rglob("*.tsv")):
-        name = path.relative_to(root).with_suffix("").as_posix()
-        if name.split("/")[0] in exclude:
-            continue
-        with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle, delimiter="\t"))
-        if rows and rows[-1].get("s") not in (None, "", "NA"):
-            times[name] = float(rows[-1]["s"])
-    return times
-
-
 def plot_wall_times(benchmark_dir: str | Path, out: str | Path) -> dict[str, float]:
     times = read_benchmarks(benchmark_dir)
     if not times:
         raise ValueError(f"{benchmark_dir}: no benchmark files (*.tsv); the stages write them with `benchmark:`")
-    fig, ax = plt.subplots(figsize=(6, 0.8 + 0.32 * len(times)))
-    names = list(times)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(times)))
+    names = sorted(times, key=times.get)  # longest at the top
     bars = ax.barh(names, [times[n] for n in names])
     ax.bar_label(bars, labels=[_duration(times[n]) for n in names], fontsize=8, padding=2)
-    ax.set_xlim(0, max(times.values()) * 1.2)
+    ax.set_xlim(0, max(times.values()) * 1.25)
     ax.set_xlabel("wall time (s)")
-    ax.set_title(f"Stage wall times (sum over jobs {_duration(sum(times.values()))}; parallel jobs overlap)", fontsize=10)
+    # two short lines: one long line was cut at the figure's edge
+    ax.set_title(f"Wall time per job, longest first\nsum {_duration(sum(times.values()))} (parallel jobs overlap)", fontsize=10)
     _save(fig, out)
     return times
 

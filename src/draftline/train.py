@@ -14,13 +14,16 @@ train_fraction 1.0) is copied to `final/` in one rename, with provenance.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,9 +40,14 @@ from draftline.plan import resolve_num_workers, resolve_optimizer
 log = logging.getLogger(__name__)
 
 # Files of an epoch folder that final/ needs; training_state.json is written last by
-# speculators, so an epoch folder without it was cut short by a kill.
+# speculators, so an epoch folder without it was cut short by a kill. Its `local_step` is 0 for
+# an epoch's end, N > 0 for a checkpoint after step N of that epoch (train.checkpoint_freq < 1).
 EPOCH_COMPLETE_MARKER = "training_state.json"
 FINAL_FILES = ("config.json", "model.safetensors")
+RESUME_FILES = (*FINAL_FILES, "optimizer_state_dict.pt")
+# What speculators saves when SIGTERM/SIGINT interrupts it: no training state (step) is recorded,
+# so it cannot be resumed exactly; draftline resumes from the last epoch or step checkpoint.
+INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class TrainSettings:
     # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
     num_workers: int | str = default("train", "num_workers")
     keep_old_runs: bool = default("train", "keep_old_runs")  # keep runs/<key> folders of earlier settings after publishing
+    # resumable checkpoints per epoch as a fraction (speculators' --checkpoint-freq; 1 = epoch ends only)
+    checkpoint_freq: float = default("train", "checkpoint_freq")
 
     @classmethod
     def from_config(cls, block: dict) -> TrainSettings:
@@ -76,7 +86,7 @@ class TrainInputs:
 
 
 # Settings that do not change the training trajectory: a retry after changing them resumes.
-NOT_IN_RUN_KEY = ("num_workers", "keep_old_runs")
+NOT_IN_RUN_KEY = ("num_workers", "keep_old_runs", "checkpoint_freq")
 # ---------------------------------------------------------------- input checks
 
 
@@ -193,22 +203,66 @@ def epoch_dirs(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def local_step(folder: Path) -> int | None:
+    """The step within its epoch a checkpoint folder was saved after (0 = the epoch's end), None
+    without a readable training_state.json."""
+    try:
+        return int(json.loads((folder / EPOCH_COMPLETE_MARKER).read_text()).get("local_step", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def finished_epochs(run_dir: Path) -> dict[int, Path]:
+    """Epoch folders saved at their epoch's end (not a mid-epoch step checkpoint)."""
+    return {e: f for e, f in epoch_dirs(run_dir).items() if local_step(f) == 0}
+
+
 def discard_incomplete_epochs(run_dir: Path) -> None:
-    """An epoch folder a kill cut short would make speculators resume from half a checkpoint."""
+    """An epoch folder a kill cut short would make speculators resume from half a checkpoint:
+    one without its training_state.json (written last), or whose weights or optimizer state are
+    newer than it (a later step checkpoint overwriting the folder was cut short)."""
     for epoch, folder in epoch_dirs(run_dir).items():
-        if not (folder / EPOCH_COMPLETE_MARKER).exists() or not all(
-            (folder / name).exists() for name in FINAL_FILES
+        state = folder / EPOCH_COMPLETE_MARKER
+        files = [folder / name for name in RESUME_FILES]
+        if local_step(folder) is None or not all(p.exists() for p in files) or any(
+            p.stat().st_mtime_ns > state.stat().st_mtime_ns for p in files
         ):
             log.warning("discarding incomplete checkpoint %s (interrupted while saving)", folder)
             shutil.rmtree(folder)
+    interrupted = run_dir / INTERRUPTED
+    if interrupted.is_dir():
+        log.info(
+            "removing %s: speculators' save on SIGTERM records no step, so it cannot be resumed "
+            "exactly; resuming from the last epoch or step checkpoint instead", interrupted,
+        )
+        shutil.rmtree(interrupted)
+
+
+def describe_start(run_dir: Path, epochs: int) -> str:
+    """Where a (re)started run begins, epochs counted from 1 as in every draftline log."""
+    saved = epoch_dirs(run_dir)
+    if not saved:
+        return "fresh start"
+    last = max(saved)
+    step = local_step(saved[last])
+    if step:
+        return f"resuming in epoch {last + 1} of {epochs} after its step {step} (a step checkpoint)"
+    return f"resuming after epoch {last + 1} of {epochs}"
 
 
 def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[int, float]) -> tuple[int, str]:
-    done = epoch_dirs(run_dir)
+    done = finished_epochs(run_dir)
+    if (run_dir / INTERRUPTED).is_dir():
+        raise RuntimeError(
+            f"{run_dir}: speculators' Trainer was interrupted (SIGTERM or SIGINT) and saved "
+            f"{run_dir / INTERRUPTED}; nothing is published. Rerun the workflow: training resumes "
+            "from the last epoch or step checkpoint (train.checkpoint_freq)."
+        )
     if not done or max(done) != epochs - 1:
         raise RuntimeError(
-            f"{run_dir}: training ended without a checkpoint for the last epoch "
-            f"({epochs - 1}); found epochs {sorted(done)}. See the log above."
+            f"{run_dir}: training ended without a checkpoint at the end of the last epoch "
+            f"(epoch {epochs}, folder {epochs - 1}/); found the ends of epochs "
+            f"{[e + 1 for e in sorted(done)]}. See the log above."
         )
     if not has_validation:
         return epochs - 1, "train_fraction 1.0: no validation split, so the last epoch"
@@ -266,6 +320,7 @@ def speculators_args(
         "--num-workers", str(num_workers),
         "--save-path", str(run_dir),
         "--log-dir", str(run_dir / "logs"),
+        *(["--checkpoint-freq", repr(float(settings.checkpoint_freq))] if settings.checkpoint_freq < 1 else []),
         *(["--fsdp-shard"] if fsdp else []),
         # target.trust_remote_code: the verifier's config and embeddings may need its code
         *(["--trust-remote-code"] if trust_remote_code else []),
@@ -292,7 +347,18 @@ def _child_env(threads: int, metrics_path: Path) -> dict:
     env["DRAFTLINE_METRICS_PATH"] = str(metrics_path)
     env["COLUMNS"] = "160"  # speculators' rich console wraps at 80 columns off a terminal
     env["PYTHONUNBUFFERED"] = "1"
+    # progress bars (transformers' "Writing model shards") redraw into the log; the
+    # `[draftline] step N/M` lines say where training is
+    env["TQDM_DISABLE"] = "1"
     return env
+
+
+# Lines the Trainer prints on every run that no setting changes (not errors, not progress).
+TRAINER_NOISE = (
+    "`model.safetensors.index.json` file not found",
+    "speculators.utils.loading:_resolve_file",  # "Loading from local directory: ..."
+    "━━━━━━━━━━",  # speculators' per-epoch bars (rich), epochs counted from 0: `[draftline] step N/M` says it
+)
 
 
 def run_trainer(command: list[str], env: dict) -> None:
@@ -300,23 +366,56 @@ def run_trainer(command: list[str], env: dict) -> None:
     child_log = logging.getLogger("draftline.train.speculators")
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
+    ) as proc, _forward_sigterm(proc):
         tail: list[str] = []
         try:
             for line in proc.stdout:  # type: ignore[union-attr]
                 line = line.rstrip()
-                if line:
+                if line and not any(noise in line for noise in TRAINER_NOISE):
                     child_log.info("%s", line)
                     tail = (tail + [line])[-30:]
             proc.wait()
         except BaseException:
             proc.terminate()  # a killed job must not leave a trainer running
-            proc.wait(timeout=30)
+            try:  # speculators saves on SIGTERM; drain its output so it never blocks on a full pipe
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    if line.strip():
+                        child_log.info("%s", line.rstrip())
+                proc.wait(timeout=120)
+            except Exception:  # noqa: BLE001
+                proc.kill()
             raise
     if proc.returncode != 0:
         raise RuntimeError(
             f"speculators' Trainer exited with status {proc.returncode}; last lines:\n" + "\n".join(tail)
         )
+
+
+class Terminated(Exception):
+    """SIGTERM reached the training job (Slurm preemption, a time limit, scancel)."""
+
+
+@contextlib.contextmanager
+def _forward_sigterm(proc: subprocess.Popen):
+    """SIGTERM to this job (Slurm sends it to every process of a preempted or timed-out job, a
+    local kill only to this one) is passed to the Trainer, which saves and exits; the job then
+    fails without publishing, and its rerun resumes from the last epoch or step checkpoint.
+    Without this the job would die at once and leave the Trainer running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        log.warning("received SIGTERM: stopping the Trainer (it resumes from its last checkpoint on a rerun)")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_world_size(planned: dict, gpus: int) -> int:
@@ -364,12 +463,11 @@ def train(
                     "fingerprints": fingerprints}, indent=1) + "\n"
     )  # fmt: skip
     discard_incomplete_epochs(run_dir)
-    done = epoch_dirs(run_dir)
     log.info(
         "run %s: %d rows, %s hidden states, optimizer %s, %s, %s",
         key, facts["rows"], facts["hidden_states_dtype"], optimizer,
         f"{world_size} GPU process(es)" if cuda else f"CPU with {threads} thread(s)",
-        f"resuming after epoch {max(done) + 1} of {settings.epochs}" if done else "fresh start",
+        describe_start(run_dir, settings.epochs),
     )  # fmt: skip
 
     metrics_path = run_dir / "metrics.jsonl"
@@ -390,7 +488,10 @@ def train(
     chosen = epoch_dirs(run_dir)[epoch]
     algorithms.check_checkpoint(chosen, facts["algorithm"], facts["facts"])
     throughput = metrics.throughput(metrics_path)
-    log.info("chose epoch %d (%s); val loss per epoch %s; %s", epoch + 1, reason, losses, throughput)
+    log.info(
+        "chose epoch %d (%s); val loss per epoch (from 1) %s; %s",
+        epoch + 1, reason, {e + 1: round(v, 6) for e, v in losses.items()}, throughput,
+    )  # fmt: skip
 
     with atomic_dir(final_dir) as staging:
         for name in FINAL_FILES:
@@ -407,10 +508,12 @@ def train(
             "run_key": key,
             "algorithm": facts["algorithm"].name,
             "run_dir": str(run_dir),
-            "chosen_epoch": epoch,  # speculators' 0-based epoch folder name
+            # epochs counted from 1, as in every log and the report; the folder is speculators' name
+            "chosen_epoch": epoch + 1,
+            "chosen_epoch_folder": chosen.name,
             "reason": reason,
             "epochs": settings.epochs,
-            "val_loss_per_epoch": {str(k): v for k, v in losses.items()},
+            "val_loss_per_epoch": {str(k + 1): v for k, v in losses.items()},
             "settings": asdict(settings),
             "optimizer": optimizer,
             "num_workers": num_workers,

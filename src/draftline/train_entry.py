@@ -12,7 +12,12 @@ after three narrow additions:
 - torch intra-op threads = $DRAFTLINE_TORCH_THREADS (the job's threads).
 - every metrics record speculators logs (per step: loss, tokens/s; per epoch: val loss) is
   appended as one JSON line to $DRAFTLINE_METRICS_PATH (rank 0), and summarised as
-  progress lines on stdout.
+  progress lines on stdout (`step N/M`, epochs counted from 1, the time left); speculators'
+  own console copy of each record (five lines a step) is switched off: the records are in
+  metrics.jsonl, the resolved settings in run.yaml.
+- a second SIGTERM (Slurm signals every process of a job, and draftline's job process forwards
+  its own) neither deadlocks speculators' signal handler nor cuts its interrupt save; SIGKILL
+  still ends it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,11 @@ def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def _left(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
 class MetricsRecorder(logging.Handler):
     """Writes speculators' metric dicts as JSON lines and logs concise progress."""
 
@@ -80,6 +90,25 @@ class MetricsRecorder(logging.Handler):
         self.epoch_tokens = 0.0
         self.epoch_seconds = 0.0
         self.epoch_losses: list[float] = []
+        # set by the Trainer wrapper (install_step_counts): optimizer steps per epoch, epochs
+        self.steps_per_epoch: int | None = None
+        self.epochs: int | None = None
+        self.first_step: tuple[int, float] | None = None  # (global step, time) of this process's first
+
+    def where(self, global_step: int, now: float) -> str:
+        """`step N/M (epoch e/E), about H:MM:SS left`: steps counted from 1, the time left from
+        this process's own steps (a resumed run does not count the steps it skipped)."""
+        step = global_step + 1
+        if not self.steps_per_epoch or not self.epochs:
+            return f"step {step}"
+        total = self.steps_per_epoch * self.epochs
+        text = f"step {step}/{total} (epoch {global_step // self.steps_per_epoch + 1}/{self.epochs})"
+        if self.first_step is None:
+            self.first_step = (global_step, now)
+        first, started = self.first_step
+        if global_step > first:
+            text += f", about {_left((now - started) / (global_step - first) * (total - step))} left"
+        return text
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.msg
@@ -105,12 +134,12 @@ class MetricsRecorder(logging.Handler):
         if loss is not None:
             self.epoch_losses.append(float(loss))
         now = time.monotonic()
+        where = self.where(int(msg.get("global_step", 0)), now)
         if now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
             _progress(
-                f"epoch {_human(epoch)} step {msg.get('global_step')}: loss {_fmt(loss)}, "
-                f"{profile.get('tokens_per_s', 0.0):.0f} tokens/s "
-                f"(epoch so far {_rate(self.epoch_tokens, self.epoch_seconds):.0f} tokens/s)"
+                f"{where}: loss {_fmt(loss)}, {profile.get('tokens_per_s', 0.0):.0f} tokens/s "
+                f"(epoch {_human(epoch)} so far {_rate(self.epoch_tokens, self.epoch_seconds):.0f} tokens/s)"
             )
 
     def _on_val(self, msg: dict) -> None:
@@ -124,18 +153,74 @@ class MetricsRecorder(logging.Handler):
         )
 
 
-def install_metrics_recorder(path: str | None) -> None:
-    """Attach the recorder after speculators configures its metric logger (which resets it)."""
+def install_metrics_recorder(path: str | None) -> MetricsRecorder:
+    """Attach the recorder after speculators configures its metric logger (which resets it), and
+    keep the records off the console (they stay in metrics.jsonl and speculators' own loggers)."""
     import speculators.train.cli as cli
 
     real_setup = cli.setup_metric_logger
+    recorder = MetricsRecorder(path)
 
     def setup_metric_logger(*args, **kwargs):
         real_setup(*args, **kwargs)
+        metric_logger = logging.getLogger("speculators.metrics")
+        metric_logger.propagate = False  # the root's console handler printed five lines a step
         if int(os.environ.get("RANK", "0")) == 0:
-            logging.getLogger("speculators.metrics").addHandler(MetricsRecorder(path))
+            metric_logger.addHandler(recorder)
 
     cli.setup_metric_logger = setup_metric_logger
+    return recorder
+
+
+def install_step_counts(recorder: MetricsRecorder) -> None:
+    """Tell the recorder the steps per epoch and the epochs, from the Trainer speculators builds
+    (a subclass that only reads them before running its own loop)."""
+    import speculators.train.cli as cli
+
+    class Trainer(cli.Trainer):
+        def run_training(self):
+            recorder.steps_per_epoch = len(self.train_loader)
+            recorder.epochs = self.config.num_epochs
+            return super().run_training()
+
+    cli.Trainer = Trainer
+
+
+def ignore_repeated_sigterm() -> None:
+    """A second SIGTERM (Slurm's to every process plus draftline's forward) must neither hang nor
+    cut the interrupt save. speculators' handler takes a plain Lock: a second signal arriving
+    while the first handler holds it (it logs under the lock) re-enters on the same thread and
+    waits forever (seen here: the Trainer hung in a futex after two SIGTERMs 30 ms apart). An
+    RLock lets the nested call see `_interrupted` and return. And speculators restores the
+    default SIGTERM action before saving, so a later SIGTERM would kill the save: ignored."""
+    import signal
+    import threading
+
+    from speculators.train import graceful_shutdown
+
+    real_init = graceful_shutdown.GracefulShutdownHandler.__init__
+
+    def __init__(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._lock = threading.RLock()
+
+    graceful_shutdown.GracefulShutdownHandler.__init__ = __init__
+    real_restore = graceful_shutdown.GracefulShutdownHandler.restore
+
+    def restore(self):
+        real_restore(self)
+        if self._interrupted:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    graceful_shutdown.GracefulShutdownHandler.restore = restore
+
+
+def quiet_cpu_warnings() -> None:
+    """Warnings torch repeats on every CPU run that no setting can change."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+    warnings.filterwarnings("ignore", message=".*CUDA is not available or torch_xla is imported. Disabling autocast")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,7 +231,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(int(threads))
     if not has_accelerator():
         apply_cpu_shims()
-    install_metrics_recorder(os.environ.get("DRAFTLINE_METRICS_PATH"))
+        quiet_cpu_warnings()
+    recorder = install_metrics_recorder(os.environ.get("DRAFTLINE_METRICS_PATH"))
+    install_step_counts(recorder)
+    ignore_repeated_sigterm()
 
     from speculators.train.cli import main as speculators_main
     from speculators.train.config import TrainConfig

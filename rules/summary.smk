@@ -1,0 +1,32 @@
+# results/summary.md and .json: one page per run (target, data counts, truncation, disk used, stage
+# wall times, the published epoch, acceptance trained vs untrained, warnings), read from what the
+# stages wrote (draftline.summary). Cheap: runs on the submitting machine.
+
+
+localrules:
+    summary,
+
+
+rule summary:
+    input:
+        final=rules.train.output[0],
+        acceptance=rules.evaluate.output.acceptance,
+        prompts=rules.prompts.output.summary,
+        tokenized=rules.tokenize.output.summary,
+        vocab=rules.vocab.output.summary,
+        # read when the job runs: every stage's wall time and the disk use of results/
+        plots=report_plots(),
+    output:
+        markdown="results/summary.md",
+        json="results/summary.json",
+    log:
+        "logs/summary.log",
+    conda:
+        "../envs/gpu.yaml"
+    params:
+        code=code("summary", script="summary"),
+        target=TARGET.name,
+        device=DEVICE,
+        benchmarks="results/benchmarks",
+    script:
+        "../scripts/summary.py"

@@ -1,0 +1,18 @@
+"""Write results/summary.md and results/summary.json (see draftline.summary)."""
+
+from pathlib import Path
+
+from draftline.logs import log_to
+from draftline.summary import build_summary, write_summary
+
+if __name__ == "__main__":
+    log_to(snakemake.log[0])
+    summary = build_summary(
+        Path(snakemake.output.json).parent,  # results/
+        # the work folder's name: read here, not a param, so a moved folder reruns nothing
+        run_name=Path.cwd().name,
+        target=snakemake.params.target,
+        device=snakemake.params.device,
+        benchmarks=snakemake.params.benchmarks,
+    )
+    write_summary(summary, snakemake.output.markdown, snakemake.output.json)

@@ -1,0 +1,305 @@
+"""What a config costs before it runs: GPU-hours per stage and hidden-state bytes, from the number of
+training conversations and the configured lengths (an upper bound: every conversation is taken as
+`tokenize.max_seq_len` tokens with one answer of `regenerate.max_new_tokens`).
+
+Rates come from measurements where there are some and are scaled by FLOPs per token elsewhere;
+`RATES` says which is which (docs/sizing.md has the table and the formulas):
+
+- extraction, H200: measured 29.5k tokens/s on an 8B-shaped target = 0.54 of the bf16 matmul
+  limit (787.8 TFLOP/s / 14.5 GFLOP per token; benchmarks/cuda/results/h200_8b_extraction_recheck.md);
+  other targets: the same fraction of the same limit with their own FLOPs per token.
+- training, H200: measured 28.1k tokens/s for the 8B target's draft (1 layer, draft vocab 32k,
+  8k-token batches, 4 loader workers; benchmarks/cuda/results/h200x2_8b_loader_workers.md); other
+  targets: scaled by the draft's linear parameters (its layer, fc and lm_head).
+- regeneration and evaluation, H200: vLLM NOT measured (none on the GPU machine): batched greedy
+  decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token;
+  transformers' own generate on the 8B shape measured 14.0k tokens/s = 0.25 of it at batch 1024, a
+  lower bound (benchmarks/cuda/results/h200_8b_decode_transformers.md).
+- CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
+  regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
+  the CPU scaled by FLOPs per token the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# bf16 8192^3 matmul on one H200, short bursts (h200_8b_extraction_recheck.json)
+H200_MATMUL_FLOPS = 787.8e12
+EXTRACTION_FRACTION = 0.54  # measured: warm extraction / the limit (8B-shaped target)
+DECODE_FRACTION = 0.3  # assumed for vLLM; transformers generate measured 0.25 (batch 1024)
+TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
+DRAFT_LINEAR_8B = None  # filled below from the 8B shape
+LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
+START_S = 12.0  # measured: imports before the load, per job
+# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): measured rates and its FLOPs/token
+CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs from a target's config.json."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # dense MLP width (the draft's layer uses it too)
+    vocab: int
+    experts: int = 0  # routed experts (0 = dense)
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    total_params: float | None = None  # for the weights' bytes; None = from the linear layers
+
+    @property
+    def attention_linear(self) -> int:
+        return 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+
+    @property
+    def active_linear(self) -> float:
+        """Weights each token multiplies through in the decoder layers (no embedding, no lm_head)."""
+        if self.experts:
+            mlp = self.experts_per_token * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
+        else:
+            mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (self.attention_linear + mlp)
+
+    @property
+    def weights_bytes(self) -> float:
+        if self.total_params:
+            return 2 * self.total_params
+        mlp = (self.experts * 3 * self.hidden * self.expert_intermediate) if self.experts else 3 * self.hidden * self.intermediate
+        return 2 * (self.layers * (self.attention_linear + mlp) + 2 * self.vocab * self.hidden)
+
+    def forward_flops(self, seq_len: int) -> float:
+        """FLOPs per token of a forward over conversations of seq_len tokens (causal attention)."""
+        return 2 * self.active_linear + 2 * self.layers * self.heads * self.head_dim * (seq_len + 1)
+
+    def draft_linear(self, draft_vocab: int) -> float:
+        """An EAGLE-3 draft layer (q, k, v read 2 x hidden), fc (3 x hidden -> hidden), lm_head."""
+        h = self.hidden
+        attention = 2 * h * (self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim) + self.heads * self.head_dim * h
+        return attention + 3 * h * self.intermediate + 3 * h * h + h * draft_vocab
+
+
+def shape_of(config_path: str | Path, name: str | None = None) -> Shape:
+    """A Shape from a Hugging Face config.json (Llama, Qwen, Mistral style; MoE with num_experts
+    or n_routed_experts)."""
+    raw = json.loads(Path(config_path).read_text())
+    c = {**raw, **raw.get("text_config", {})} if isinstance(raw.get("text_config"), dict) else raw
+    heads = c["num_attention_heads"]
+    experts = c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0
+    return Shape(
+        name=name or Path(config_path).parent.name,
+        layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=heads,
+        kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        intermediate=c.get("intermediate_size") or 4 * c["hidden_size"], vocab=c["vocab_size"],
+        experts=experts, experts_per_token=c.get("num_experts_per_tok", 0) if experts else 0,
+        expert_intermediate=c.get("moe_intermediate_size", 0) if experts else 0,
+    )  # fmt: skip
+
+
+# The targets of the docs' table (their published config.json values).
+LLAMA_8B = Shape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256)
+LLAMA_70B = Shape("Llama-3.3-70B", 80, 8192, 64, 8, 128, 28672, 128256)
+QWEN3_235B = Shape("Qwen3-235B-A22B (MoE)", 94, 4096, 64, 4, 128, 12288, 151936, experts=128,
+                   experts_per_token=8, expert_intermediate=1536, total_params=235e9)  # fmt: skip
+SMOLLM2_135M = Shape("SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152)
+DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The config's numbers an estimate reads."""
+
+    conversations: int
+    max_seq_len: int
+    max_new_tokens: int
+    epochs: int
+    eval_prompts: int
+    eval_new_tokens: int
+    aux_layers: int = 3
+    dtype_bytes: int = 2
+    draft_vocab: int = 32000
+    regenerate: bool = True
+    gpus_per_vllm_job: int = 1
+    train_gpus: int = 1
+    regenerate_shards: int = 1
+    hidden_state_shards: int = 1
+
+
+def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
+    """GPU-hours (CPU core-hours on cpu) per stage, wall hours with the configured jobs, and
+    hidden-state bytes; `basis` says which rates are measured and which scaled."""
+    tokens = plan.conversations * plan.max_seq_len
+    generated = plan.conversations * plan.max_new_tokens if plan.regenerate else 0
+    if device == "cuda":
+        decode = DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
+        extract = EXTRACTION_FRACTION * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
+        train = TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
+        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+    else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
+        ref = SMOLLM2_135M
+        decode = CPU["regeneration"] * ref.active_linear / shape.active_linear
+        extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
+        train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
+        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+    vllm = plan.gpus_per_vllm_job
+    # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
+    # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
+    work = {
+        "regeneration": generated / decode,
+        "extraction": tokens / extract,
+        "training": plan.epochs * tokens / train,
+        # three engines (target alone, trained, untrained draft) on the held-out prompts
+        "evaluation": 3 * plan.eval_prompts * plan.eval_new_tokens / decode,
+    }
+    jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
+    gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
+    start = {"regeneration": load_s, "extraction": load_s, "training": START_S, "evaluation": 3 * load_s}
+    if not generated:
+        work["regeneration"] = jobs["regeneration"] = 0
+    device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] for k in work}
+    wall_s = {k: (work[k] / (gpus[k] * jobs[k]) + start[k]) if jobs[k] else 0.0 for k in work}
+    bytes_per_token = (plan.aux_layers + 1) * shape.hidden * plan.dtype_bytes + 8
+    return {
+        "target": shape.name,
+        "device": device,
+        "conversations": plan.conversations,
+        "tokens": tokens,
+        "generated_tokens": generated,
+        "device_hours": {k: v / 3600 for k, v in device_s.items()},
+        "wall_hours": {k: v / 3600 for k, v in wall_s.items()},
+        "hidden_state_bytes": tokens * bytes_per_token,
+        "bytes_per_token": bytes_per_token,
+        "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
+        "basis": (
+            "H200: extraction and training measured on the 8B shape, scaled by FLOPs per token; "
+            "regeneration and evaluation assumed (0.3 of the matmul rate, not measured)"
+            if device == "cuda" else
+            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token"
+        ),  # fmt: skip
+    }
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, device: str = "cuda") -> Plan:
+    aux = config["hidden_states"]["layer_ids"]
+    dtype = config["target"].get("dtype", "auto")
+    if dtype == "auto":  # draftline.plan: float32 on the CPU, bfloat16 on CUDA
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    prompts = config["prompts"]
+    return Plan(
+        conversations=conversations,
+        max_seq_len=config["tokenize"]["max_seq_len"],
+        max_new_tokens=config["regenerate"]["max_new_tokens"],
+        epochs=config["train"]["epochs"],
+        eval_prompts=(prompts["validation"] or 0) + (prompts["test"] or 0),
+        eval_new_tokens=config["evaluate"]["max_new_tokens"],
+        aux_layers=3 if aux == "auto" else len(aux),
+        dtype_bytes=DTYPE_BYTES.get(dtype, 2),
+        draft_vocab=config["vocab"]["draft_vocab_size"],
+        regenerate=config["regenerate"]["enabled"],
+        gpus_per_vllm_job=config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"],
+        train_gpus=train_gpus,
+        regenerate_shards=config["regenerate"]["shards"],
+        hidden_state_shards=config["hidden_states"]["shards"],
+    )
+
+
+def count_lines(paths: list[Path]) -> int | None:
+    """Rows of JSONL sources (a quick byte count of newlines); None when one is not a file."""
+    total = 0
+    for path in paths:
+        if not Path(path).is_file():
+            return None
+        with open(path, "rb") as handle:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    return total
+
+
+def training_conversations(config: dict, source_rows: int | None) -> int | None:
+    """Training conversations the config keeps: the sources' rows less the held-out ones, capped
+    at prompts.max_samples (duplicates and rejected rows not known before the prompts job)."""
+    prompts = config["prompts"]
+    held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
+    rows = None if source_rows is None else max(source_rows - held_out, 0)
+    cap = prompts["max_samples"]
+    if rows is None:
+        return cap
+    return rows if cap is None else min(rows, cap)
+
+
+def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int = 1) -> str | None:
+    """The plan's one-line estimate (None when the target's config.json is not there yet, or
+    the training conversations are not countable: a datasets folder without prompts.max_samples)."""
+    config_json = Path(target_dir) / "config.json"
+    if config_json.is_file():
+        shape = shape_of(config_json)
+    elif target_kind == "embedded":
+        shape = SMOLLM2_135M
+    else:
+        return None
+    sources = [Path(p) for p in config["prompts"]["sources"]]
+    rows = count_lines(sources) if all(p.suffix == ".jsonl" for p in sources) else None
+    conversations = training_conversations(config, rows)
+    if not conversations:
+        return None
+    plan = plan_from_config(config, conversations, train_gpus, device)
+    return describe(estimate(shape, plan, device))
+
+
+def _hours(h: float) -> str:
+    return f"{h * 3600:.0f} s" if h < 1 / 30 else f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def describe(est: dict) -> str:
+    unit = "GPU" if est["device"] == "cuda" else "CPU-core"
+    stages = ", ".join(
+        f"{k} {_hours(v)} ({_hours(est['wall_hours'][k])} wall)" for k, v in est["device_hours"].items() if v
+    )
+    return (
+        f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
+        f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens; {unit} time per stage: "
+        f"{stages}; total {_hours(sum(est['device_hours'].values()))}; hidden states <= "
+        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token). Upper bounds from the "
+        f"configured lengths; {est['basis']} (docs/sizing.md)"
+    )
+
+
+def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
+    """The docs' table: per 100 M tokens (conversations of seq_len, half of them generated)."""
+    conversations = tokens // seq_len
+    rows = [
+        "| target | GPUs per vLLM job | regeneration | extraction | training (per epoch) | evaluation | hidden states |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape, gpus in ((LLAMA_8B, 1), (LLAMA_70B, 4), (QWEN3_235B, 8)):
+        plan = Plan(conversations, seq_len, int(seq_len * new_tokens_share), 1, 100, 128, gpus_per_vllm_job=gpus)
+        est = estimate(shape, plan)
+        h, r = est["device_hours"], est["rates_tokens_per_s"]
+        rows.append(
+            f"| {shape.name} | {gpus} | {h['regeneration']:.1f} ({r['regeneration']:,.0f} tok/s/GPU, assumed) | "
+            f"{h['extraction']:.1f} ({r['extraction']:,.0f} tok/s/GPU) | {h['training']:.1f} "
+            f"({r['training']:,.0f} tok/s/GPU) | {h['evaluation']:.2f} | {_bytes(est['hidden_state_bytes'])} "
+            f"({est['bytes_per_token']:,} B/token) |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

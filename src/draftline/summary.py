@@ -1,0 +1,256 @@
+"""One page per run: `results/summary.md` and `results/summary.json`, read from what the stages wrote.
+
+What it holds: the run's name and target, data counts (prompts, regenerated answers, tokenized
+rows and tokens), truncation shares (answers cut at regenerate.max_new_tokens, conversations cut
+at tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake's benchmark
+files, longest first), the published epoch (counted from 1, as in every log), acceptance per
+prompt set (trained vs untrained draft, per position) and warnings a user should act on.
+Nothing here is measured again: every figure names the file it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from draftline.atomic import atomic_file
+from draftline.artifacts.benchmarks import read_benchmarks
+from draftline.artifacts.checkpoint import chosen_epoch
+
+log = logging.getLogger(__name__)
+
+# More than this share of answers cut at regenerate.max_new_tokens: the draft learns to predict
+# cut answers (no end of turn), and long answers are under-represented.
+TRUNCATION_WARNING = 0.2
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under `path`, links not followed (the training view is links)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def disk_used(results: Path) -> pd.DataFrame:
+    """Bytes per top-level results folder (checkpoint/runs apart: every epoch with its optimizer state)."""
+    rows = []
+    for child in sorted(results.iterdir()) if results.is_dir() else []:
+        if child.name == "checkpoint" and child.is_dir():
+            for sub in sorted(child.iterdir()):
+                rows.append({"folder": f"checkpoint/{sub.name}", "bytes": folder_bytes(sub)})
+        elif child.is_dir() and not child.name.startswith("."):
+            rows.append({"folder": child.name, "bytes": folder_bytes(child)})
+    frame = pd.DataFrame(rows, columns=["folder", "bytes"])
+    return frame.sort_values("bytes", ascending=False, ignore_index=True)
+
+
+def wall_times(benchmarks: Path) -> pd.DataFrame:
+    """One row per job (the benchmark file's path), longest first, with the stage it belongs to."""
+    times = read_benchmarks(benchmarks, exclude=()) if benchmarks.is_dir() else {}
+    frame = pd.DataFrame([{"job": name, "seconds": s} for name, s in times.items()], columns=["job", "seconds"])
+    frame["stage"] = frame["job"].str.split("/").str[0]
+    return frame.sort_values("seconds", ascending=False, ignore_index=True)
+
+
+def acceptance_table(acceptance: dict) -> pd.DataFrame:
+    """Per prompt set and draft: mean acceptance length [interval], rate, per position, tok/s, speed-up."""
+    k = int(acceptance["num_speculative_tokens"])
+    rows = []
+    for name, block in (acceptance.get("sets") or {}).items():
+        for draft, numbers in block["drafts"].items():
+            interval = (numbers.get("spread") or {}).get("bootstrap_95")
+            per_position = list(numbers.get("acceptance_per_position") or [None] * k)
+            rows.append({
+                "set": name, "headline": name == acceptance.get("headline_set"), "prompts": block.get("prompts"),
+                "draft": draft, "mean_acceptance_length": numbers.get("mean_acceptance_length"),
+                "interval_95": interval, "acceptance_rate": numbers.get("acceptance_rate"),
+                **{f"position_{i + 1}": per_position[i] for i in range(k)},
+                "output_tokens_per_s": numbers.get("output_tokens_per_s"), "speedup": numbers.get("speedup"),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def build_summary(
+    results: str | Path, *, run_name: str, target: str, device: str, benchmarks: str | Path | None = None
+) -> dict:
+    """The summary as a dict (what summary.json holds). Missing stage files leave their part out."""
+    results = Path(results)
+    benchmarks = Path(benchmarks) if benchmarks is not None else results / "benchmarks"
+    prompts = _json(results / "prompts/summary.json") or {}
+    regenerated = _json(results / "regenerated/summary.json")
+    tokenized = _json(results / "tokenized/summary.json") or {}
+    vocab = _json(results / "vocab/summary.json") or {}
+    provenance = _json(results / "checkpoint/final/draftline_provenance.json") or {}
+    acceptance = _json(results / "eval/acceptance.json")
+    warnings: list[str] = []
+
+    data = {
+        "prompts_train": prompts.get("train"), "prompts_validation": prompts.get("validation"),
+        "prompts_test": prompts.get("test"), "prompts_rejected": (prompts.get("totals") or {}).get("rejected"),
+        "prompts_duplicates": (prompts.get("totals") or {}).get("duplicates"),
+        "tokenized_rows": tokenized.get("rows"), "tokens": tokenized.get("total_tokens"),
+        "trainable_tokens": tokenized.get("trainable_tokens"), "max_seq_len": tokenized.get("max_seq_len"),
+        "draft_vocab_size": vocab.get("draft_vocab_size"), "draft_vocab_coverage": vocab.get("coverage"),
+    }  # fmt: skip
+    truncation: dict = {}
+    if regenerated:
+        answers = regenerated.get("turns_generated") or 0
+        cut = regenerated.get("answers_truncated") or 0
+        max_new = (regenerated.get("settings") or {}).get("max_new_tokens")
+        truncation["answers"] = answers
+        truncation["answers_cut_at_max_new_tokens"] = cut
+        truncation["answers_cut_share"] = cut / answers if answers else None
+        truncation["max_new_tokens"] = max_new
+        data["generated_tokens"] = regenerated.get("generated_tokens")
+        if answers and cut / answers > TRUNCATION_WARNING:
+            warnings.append(
+                f"{cut / answers:.0%} of the regenerated answers ({cut} of {answers}) were cut at "
+                f"regenerate.max_new_tokens = {max_new} (more than {TRUNCATION_WARNING:.0%}): the draft "
+                "learns few answer endings; raise regenerate.max_new_tokens (results/regenerated/summary.json)"
+            )
+    if tokenized:
+        rows_in = tokenized.get("rows_in") or 0
+        truncation["conversations_cut_at_max_seq_len"] = tokenized.get("rows_truncated")
+        truncation["conversations_cut_share"] = (tokenized.get("rows_truncated") or 0) / rows_in if rows_in else None
+
+    training = {}
+    if provenance:
+        training = {
+            "chosen_epoch": chosen_epoch(provenance), "epochs": provenance.get("epochs"),
+            "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
+            "device": provenance.get("device"), "world_size": provenance.get("world_size"),
+            "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
+        }  # fmt: skip
+
+    accept = acceptance_table(acceptance) if acceptance else pd.DataFrame()
+    if not accept.empty and device == "cpu":
+        slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
+        if len(slow):
+            where = ", ".join(f"{row.speedup:.2f} on the {row.set} set" for row in slow.itertuples())
+            warnings.append(
+                f"speed-up below 1 with the trained draft ({where}), measured on the CPU: there decoding is "
+                "compute-bound and speculation cannot pay off; acceptance is what carries over to a GPU "
+                "(results/eval/acceptance.json)"
+            )
+    if not accept.empty:
+        trained = accept[(accept["draft"] == "trained") & accept["headline"]]
+        untrained = accept[(accept["draft"] == "untrained") & accept["headline"]]
+        if len(trained) and len(untrained) and trained["mean_acceptance_length"].iloc[0] <= untrained["mean_acceptance_length"].iloc[0]:
+            warnings.append(
+                "the trained draft accepts no more than the untrained one on the headline set: more data or "
+                "epochs, or a look at the loss plot (results/eval/acceptance.json)"
+            )
+
+    disk = disk_used(results)
+    times = wall_times(benchmarks)
+    return {
+        "run": run_name,
+        "target": target,
+        "device": device,
+        "data": data,
+        "truncation": truncation,
+        "training": training,
+        "acceptance": json.loads(accept.to_json(orient="records")) if not accept.empty else [],
+        "headline_set": (acceptance or {}).get("headline_set"),
+        "num_speculative_tokens": (acceptance or {}).get("num_speculative_tokens"),
+        "lossless": (acceptance or {}).get("lossless"),
+        "disk_bytes": dict(zip(disk["folder"], disk["bytes"].astype(int).tolist(), strict=True)),
+        "disk_bytes_total": int(disk["bytes"].sum()),
+        "wall_seconds": dict(zip(times["job"], times["seconds"].tolist(), strict=True)),
+        "wall_seconds_per_stage": times.groupby("stage")["seconds"].sum().sort_values(ascending=False).to_dict(),
+        "warnings": warnings,
+    }
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def to_markdown(summary: dict) -> str:
+    lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
+    if summary["warnings"]:
+        lines += ["## Warnings", "", *[f"- {w}" for w in summary["warnings"]], ""]
+    acceptance = pd.DataFrame(summary["acceptance"])
+    if not acceptance.empty:
+        k = summary["num_speculative_tokens"]
+        lines += [f"## Acceptance (k = {k}; headline: the {summary['headline_set']} set)", ""]
+        lines += ["| set | prompts | draft | mean acceptance length [95%] | " + " | ".join(f"pos {i + 1}" for i in range(k))
+                  + " | tok/s | speed-up |", "|---" * (6 + k) + "|"]  # fmt: skip
+        for row in acceptance.to_dict("records"):
+            interval = row.get("interval_95")
+            mal = _fmt(row["mean_acceptance_length"]) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+            cells = [row["set"] + (" (headline)" if row["headline"] else ""), _fmt(row["prompts"]), row["draft"], mal,
+                     *[_fmt(row.get(f"position_{i + 1}")) for i in range(k)],
+                     f"{row['output_tokens_per_s']:.1f}" if row.get("output_tokens_per_s") is not None else "n/a",
+                     _fmt(row.get("speedup"))]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", f"Every speculative output identical to the target's own: {summary['lossless']}.", ""]
+    training = summary["training"]
+    if training:
+        lines += ["## Training", "",
+                  f"Published epoch {training['chosen_epoch']} of {training['epochs']} ({training['reason']}); "
+                  f"{training['optimizer']} on {training['device']} x {training['world_size']}, "
+                  f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]  # fmt: skip
+    data, truncation = summary["data"], summary["truncation"]
+    lines += ["## Data", "", "| what | count |", "|---|---|"]
+    lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]
+    if truncation:
+        if truncation.get("answers") is not None:
+            lines.append(
+                f"| answers cut at max_new_tokens ({truncation['max_new_tokens']}) | "
+                f"{truncation['answers_cut_at_max_new_tokens']} of {truncation['answers']} "
+                f"({_share(truncation['answers_cut_share'])}) |"
+            )
+        if truncation.get("conversations_cut_at_max_seq_len") is not None:
+            lines.append(
+                f"| conversations cut at max_seq_len | {truncation['conversations_cut_at_max_seq_len']} "
+                f"({_share(truncation['conversations_cut_share'])}) |"
+            )
+    lines += ["", f"## Disk used: {_size(summary['disk_bytes_total'])}", "", "| folder (results/) | size |", "|---|---|"]
+    lines += [f"| {folder} | {_size(size)} |" for folder, size in summary["disk_bytes"].items()]
+    total = sum(summary["wall_seconds"].values())
+    lines += ["", f"## Wall time per job, longest first (sum {_duration(total)}; parallel jobs overlap)", "",
+              "| job | wall time |", "|---|---|"]  # fmt: skip
+    lines += [f"| {job} | {_duration(s)} |" for job, s in summary["wall_seconds"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _share(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def write_summary(summary: dict, markdown: str | Path, json_path: str | Path) -> None:
+    with atomic_file(json_path) as handle:
+        handle.write(json.dumps(summary, indent=1, default=str) + "\n")
+    with atomic_file(markdown) as handle:
+        handle.write(to_markdown(summary))
+    for warning in summary["warnings"]:
+        log.warning("%s", warning)
+    log.info("wrote %s and %s", markdown, json_path)

@@ -1,0 +1,70 @@
+"""results/summary.md and .json: one page per run, read from a finished tiny run's files (a copy)."""
+
+from __future__ import annotations
+
+import json
+
+from workflow import copy_run
+
+
+def _stage(run, path):
+    return json.loads((run / "results" / path).read_text())
+
+
+def test_summary_of_a_finished_run(tiny_run, tmp_path):
+    from draftline.summary import build_summary, folder_bytes, write_summary
+
+    run = copy_run(tiny_run, tmp_path / "my-run")
+    results = run / "results"
+    summary = build_summary(results, run_name="my-run", target="tiny-model", device="cpu")
+    write_summary(summary, results / "summary.md", results / "summary.json")
+
+    assert json.loads((results / "summary.json").read_text())["run"] == "my-run"
+    markdown = (results / "summary.md").read_text()
+    assert markdown.splitlines()[0] == "# my-run: draft for tiny-model"
+
+    # counts are the stages' own
+    prompts, tokenized = _stage(run, "prompts/summary.json"), _stage(run, "tokenized/summary.json")
+    regenerated = _stage(run, "regenerated/summary.json")
+    assert summary["data"]["prompts_train"] == prompts["train"]
+    assert summary["data"]["tokens"] == tokenized["total_tokens"]
+    share = regenerated["answers_truncated"] / regenerated["turns_generated"]
+    assert summary["truncation"]["answers_cut_share"] == share
+    # the tiny run answers with max_new_tokens 24: most answers are cut, and on the CPU the
+    # trained draft is slower than the target alone; both are said, with the file to look at
+    assert share > 0.2
+    assert any("regenerate.max_new_tokens" in w and f"{share:.0%}" in w for w in summary["warnings"])
+    assert any("speed-up below 1" in w for w in summary["warnings"])
+    assert "## Warnings" in markdown
+
+    # the published epoch, counted from 1 as in the logs
+    provenance = _stage(run, "checkpoint/final/draftline_provenance.json")
+    folder = provenance.get("chosen_epoch_folder", provenance["chosen_epoch"])
+    assert summary["training"]["chosen_epoch"] == int(folder) + 1
+
+    # acceptance: trained and untrained on every set, per position k values
+    acceptance = _stage(run, "eval/acceptance.json")
+    rows = {(r["set"], r["draft"]): r for r in summary["acceptance"]}
+    for name, block in acceptance["sets"].items():
+        for draft, numbers in block["drafts"].items():
+            assert rows[(name, draft)]["mean_acceptance_length"] == numbers["mean_acceptance_length"]
+            assert [rows[(name, draft)][f"position_{i + 1}"] for i in range(3)] == numbers["acceptance_per_position"]
+
+    # wall times: every stage's benchmark, longest first; disk: every results folder
+    seconds = list(summary["wall_seconds"].values())
+    assert seconds == sorted(seconds, reverse=True)
+    assert {"train", "evaluate", "regenerate/shard_0", "hidden_states/shard_0"} <= set(summary["wall_seconds"])
+    assert summary["disk_bytes"]["hidden_states"] == folder_bytes(results / "hidden_states") > 0
+    assert summary["disk_bytes_total"] == sum(summary["disk_bytes"].values())
+
+
+def test_summary_warns_only_where_it_applies(tiny_run, tmp_path):
+    from draftline.summary import build_summary
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    path = run / "results/regenerated/summary.json"
+    regenerated = json.loads(path.read_text())
+    regenerated["answers_truncated"] = regenerated["turns_generated"] // 5  # 20%: not more than
+    path.write_text(json.dumps(regenerated))
+    summary = build_summary(run / "results", run_name="run", target="t", device="cuda")
+    assert not any("max_new_tokens" in w or "speed-up" in w for w in summary["warnings"])
