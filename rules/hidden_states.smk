@@ -26,6 +26,7 @@ rule hidden_states_shard:
     params:
         code=code("hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
+        format=config["hidden_states"]["format"],  # full or fp8 (speculators' FP8 layout)
         num_shards=config["hidden_states"]["shards"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
