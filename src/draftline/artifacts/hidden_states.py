@@ -95,6 +95,11 @@ def validate_hidden_state_file(
     tokens = [int(t) for t in input_ids]
     if format == "fp8":
         data = _dequantized(data, where)
+    elif format == "full" and "hidden_states_scales" in data:
+        raise HiddenStateFileError(
+            f"{where}: an fp8 file (it has hidden_states_scales) where format full is expected; "
+            "it was made with another hidden_states.format: rerun its extraction"
+        )
     elif format != "full":
         raise ValueError(f"hidden-state format {format!r}: expected one of {', '.join(FORMATS)}")
     try:
@@ -147,6 +152,27 @@ def _dequantized(data: dict, where: str) -> dict:
 
 def write_manifest(folder: str | Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def read_states(path: str | Path, format: str = "full"):
+    """A file's `hidden_states` as the Trainer sees them: an fp8 file through speculators' own
+    reader (`hs_connectors.transfer.FP8Transfer`, dequantized to bfloat16), cast to float32."""
+    import torch
+    from hs_connectors.transfer import FP8Transfer
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if format == "fp8":
+        row = int(path.stem.removeprefix("hs_"))
+        return FP8Transfer(path.parent).get_cached(row)["hidden_states"].float()
+    return load_file(str(path))["hidden_states"].to(torch.float32)
+
+
+def relative_error_per_layer(reference, other) -> list[float]:
+    """||other - reference|| / ||reference|| for each extracted layer (dim 1, over all tokens):
+    how far another format's states are from the full-precision ones."""
+    ref, diff = reference.float(), other.float() - reference.float()
+    return [float(diff[:, j].norm() / ref[:, j].norm()) for j in range(ref.shape[1])]
 
 
 def manifest_format(manifest: dict) -> str:
