@@ -85,10 +85,14 @@ HIDDEN_STATES_AND_AFTER = {
 
 
 def test_hidden_state_format_reruns_hidden_states_training_and_after(run):
-    edit_config(run, hidden_states={"format": "fp8"})
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    switched = "full" if config["hidden_states"].get("format") == "fp8" else "fp8"
+    edit_config(run, hidden_states={"format": switched})
     assert planned_jobs(run, TARGET) == HIDDEN_STATES_AND_AFTER
-    # the plan shows the new format's disk use before any job runs (4 layers x 128 x 1 byte + scale + id)
-    assert re.search(r"draftline:   hidden-state shards  ~[\d.]+ GB: [\d,]+ tokens x 524 bytes/token",
+    # the plan shows the new format's disk use before any job runs: 4 layers x 128 values in
+    # float32, or 1 byte each + a float32 scale, + the token id
+    per_token = {"full": "2,056", "fp8": "524"}[switched]
+    assert re.search(rf"draftline:   hidden-state shards  ~[\d.]+ GB: [\d,]+ tokens x {per_token} bytes/token",
                      _output(snakemake(run, "-n", TARGET)))  # fmt: skip
 
 
@@ -113,7 +117,7 @@ def test_disk_limit_in_the_plan_names_what_fits(run):
         shutil.rmtree(folder)
     summary = json.loads((run / "results/tokenized/summary.json").read_text())
     full, fp8 = summary["total_tokens"] * (4 * 128 * 4 + 8), summary["total_tokens"] * (4 * 128 + 12)
-    edit_config(run, hidden_states={"max_disk_gb": (full + fp8) / 2 / 1e9})
+    edit_config(run, hidden_states={"format": "full", "max_disk_gb": (full + fp8) / 2 / 1e9})
     result = snakemake(run, "-n", TARGET, check=False)
     out = _output(result)
     assert result.returncode != 0 and "hidden_states.max_disk_gb" in out
