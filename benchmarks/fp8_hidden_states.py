@@ -73,12 +73,21 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
         span = float(hs_rows["end"].max() - hs_rows["start"].min())
         out["extraction_wall_s"] = round(span, 1)
         out["extraction_tokens_per_s_wall"] = round(tokens / span, 1)  # shards side by side, load included
+    out["load_during_run"] = _load(loadavg, float(times["start"].min()), float(times["end"].max()))
     final = results / "checkpoint" / "final"
+    if not (final / "draftline_provenance.json").is_file():  # training not finished yet
+        out["training"] = out["acceptance"] = None
+        return out
     chosen = json.loads((final / "draftline_provenance.json").read_text())
     train = json.loads((final / "provenance.json").read_text())
+    out["workflow"] = train.get("workflow")
+    out["versions"] = train.get("versions")
     out["training"] = {"throughput": chosen.get("throughput"), "val_loss_per_epoch": chosen.get("val_loss_per_epoch"),
                        "chosen_epoch": chosen.get("chosen_epoch"),
                        "hidden_states_format": chosen.get("hidden_states_format", "full")}  # fmt: skip
+    if not (results / "eval" / "acceptance.json").is_file():  # evaluation not finished yet
+        out["acceptance"] = None
+        return out
     acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
     out["acceptance"] = {
         name: {draft: {"mean_acceptance_length": round(d["mean_acceptance_length"], 4),
@@ -88,13 +97,6 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
         for name, data in acceptance["sets"].items()
     }  # fmt: skip
     out["lossless"] = acceptance.get("lossless")
-    out["workflow"] = train.get("workflow")
-    out["versions"] = train.get("versions")
-    start, end = float(times["start"].min()), float(times["end"].max())
-    hs_train = times[times["job"].str.startswith(("hidden_states", "train", "evaluate"))]
-    if len(hs_train):
-        start = float(hs_train["start"].min())
-    out["load_during_run"] = _load(loadavg, start, end)
     return out
 
 
@@ -103,7 +105,12 @@ def markdown(record: dict) -> str:
     lines = ["| | full | fp8 |", "|---|---|---|"]
 
     def row(label, f):
-        lines.append(f"| {label} | {f(full)} | {f(fp8)} |")
+        def cell(r):
+            try:
+                return f(r)
+            except (KeyError, TypeError):
+                return "not finished"
+        lines.append(f"| {label} | {cell(full)} | {cell(fp8)} |")
 
     row("stored as", lambda r: r["dtype"] if r["format"] == "full" else "float8_e4m3fn + fp32 scale/token")
     row("bytes per token on disk", lambda r: f"{r['bytes_per_token']:,}")
@@ -114,20 +121,20 @@ def markdown(record: dict) -> str:
     row("training tok/s (median step)", lambda r: f"{r['training']['throughput']['tokens_per_s']} "
         f"({r['training']['throughput'].get('median_step_tokens_per_s')})")
     row("validation loss per epoch", lambda r: " / ".join(f"{v:.3f}" for v in r["training"]["val_loss_per_epoch"].values()))
-    for name in full["acceptance"]:
-        row(f"{name}: mean acceptance length, trained [95% bootstrap], {full['acceptance'][name]['prompts']} prompts",
+    for name in (full["acceptance"] or fp8["acceptance"] or {"test": 0, "validation": 0}):
+        row(f"{name}: mean acceptance length, trained [95% bootstrap]",
             lambda r, n=name: f"{r['acceptance'][n]['trained']['mean_acceptance_length']:.3f} "
-            f"{r['acceptance'][n]['trained']['bootstrap_95']}")
+            f"{r['acceptance'][n]['trained']['bootstrap_95']}, {r['acceptance'][n]['prompts']} prompts")
         row(f"{name}: untrained", lambda r, n=name: f"{r['acceptance'][n]['untrained']['mean_acceptance_length']:.3f}")
     row("lossless (outputs identical to the target's)", lambda r: r["lossless"])
     row("1-minute load while its jobs ran (min-median-max)", lambda r: (
         f"{r['load_during_run']['load1_min']}-{r['load_during_run']['load1_median']}-{r['load_during_run']['load1_max']}"
         if r["load_during_run"] else "-"))
-    row("commit", lambda r: (r["workflow"] or {}).get("commit", "?")[:10])
+    row("commit", lambda r: (r.get("workflow") or {}).get("commit", "?")[:10])
     par = record["parity"]
     lines += ["", f"Parity (fp8 as speculators' Trainer reads it vs full, {par['tokens']:,} tokens, {par['rows']} rows): "
               "relative error per extracted layer " + ", ".join(
-                  f"{lid}: {e:.4f}" for lid, e in zip(par["layer_ids"]["extracted"], par["relative_error_per_layer"]))]
+                  f"{lid}: {e:.4f}" for lid, e in zip(par["layer_ids"], par["relative_error_per_layer"]))]
     return "\n".join(lines) + "\n"
 
 
