@@ -161,7 +161,8 @@ def main() -> None:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     text = markdown(record)
-    out.with_suffix(".md").write_text(text)
+    notes = out.with_name(out.name + "_notes.md")  # how the runs were made, written by hand
+    out.with_suffix(".md").write_text(text + ("\n" + notes.read_text() if notes.is_file() else ""))
     print(text)
 
 
