@@ -189,8 +189,8 @@ def hidden_state_shards():
 
 # hidden_states.release_after_training: the shards and the view are temp(), so Snakemake deletes
 # them once every job reading them (the view, training, the disk plot) has run; training lists
-# the shards among its inputs so they outlive the view until it is done. A later rerun of
-# training re-extracts them first.
+# the shards among its inputs (always, so switching the option reruns nothing) so they outlive
+# the view until it is done. A later rerun of training re-extracts them first.
 RELEASE_SHARDS = config["hidden_states"]["release_after_training"]
 
 
@@ -200,8 +200,8 @@ def hidden_states_output(path):
 
 
 def shards_read_by_training():
-    """The shards as training inputs (only for the release order; the view is what it reads)."""
-    return hidden_state_shards() if RELEASE_SHARDS else []
+    """The shards as training inputs (for the release order; the view is what it reads)."""
+    return hidden_state_shards()
 
 
 PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
