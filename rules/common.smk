@@ -253,18 +253,22 @@ def _hidden_state_disk_use():
     param, so changing it re-extracts nothing)."""
     hs = config["hidden_states"]
     mode = hs.get("mode", "offline")  # hidden_states.mode (online: no shard files)
-    manifests = [Path(d) / "manifest.json" for d in hidden_state_shards()]
-    if mode != "online" and all(m.is_file() for m in manifests) and all(
-        json.loads(m.read_text()).get("format", "full") == hs["format"] for m in manifests
-    ):
+    def same_format(shard):
+        try:
+            return json.loads((Path(shard) / "manifest.json").read_text()).get("format", "full") == hs["format"]
+        except (OSError, ValueError):
+            return True  # no readable manifest: the job decides
+
+    shards = hidden_state_shards()
+    if mode != "online" and all(Path(d).exists() and same_format(d) for d in shards):
         return
     if TARGET_SHAPE is None:
         return
     layer_ids = Path("results/target/layer_ids.json")
-    if layer_ids.is_file():
+    try:
         n_layers = len(json.loads(layer_ids.read_text())["extracted"])
-    else:  # "auto" is speculators' 3 aux layers; the last layer is always added
-        n_layers = (3 if hs["layer_ids"] == "auto" else len(hs["layer_ids"])) + 1
+    except (OSError, ValueError, KeyError, TypeError):  # not yet (or not readable): as configured
+        n_layers = (3 if hs["layer_ids"] == "auto" else len(hs["layer_ids"])) + 1  # auto: 3 aux + last
     dtype = RESOLVED["engine"]["dtype"]
     est = parse_time_estimate("results/tokenized/summary.json", TARGET_SHAPE.hidden_size, n_layers, dtype,
                               hs["format"])  # fmt: skip
