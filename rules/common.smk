@@ -17,7 +17,15 @@ sys.path.insert(0, str(SRC))
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
 from draftline.content_hash import HashCache  # noqa: E402
-from draftline.disk import DiskLimitError, check_limit, describe, parse_time_estimate  # noqa: E402
+from draftline.disk import (  # noqa: E402
+    DiskLimitError,
+    check_limit,
+    parse_time_estimate,
+    plan_lines,
+    planned_rows,
+    row_lengths,
+    upper_bound_estimate,
+)
 from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
@@ -184,6 +192,23 @@ def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=SHARDS)
 
 
+# hidden_states.release_after_training: the shards and the view are temp(), so Snakemake deletes
+# them once every job reading them (the view, training, the disk plot) has run; training lists
+# the shards among its inputs (always, so switching the option reruns nothing) so they outlive
+# the view until it is done. A later rerun of training re-extracts them first.
+RELEASE_SHARDS = config["hidden_states"]["release_after_training"]
+
+
+def hidden_states_output(path):
+    """A hidden-state folder output: temp() under hidden_states.release_after_training."""
+    return temp(directory(path)) if RELEASE_SHARDS else directory(path)
+
+
+def shards_read_by_training():
+    """The shards as training inputs (for the release order; the view is what it reads)."""
+    return hidden_state_shards()
+
+
 PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
 
 
@@ -228,32 +253,59 @@ except ConfigError as error:
 
 
 def _hidden_state_disk_use():
-    """While shards are still to extract: print the expected disk use (the rule's estimate, or
-    one from the tokenized summary) and hold it to hidden_states.max_disk_gb, which may have
-    changed since the rule ran (the limit is not a param, so changing it re-extracts nothing)."""
-    if all(Path(d).exists() for d in hidden_state_shards()):
+    """While shards are still to extract (or in another format): print each stage's expected disk
+    use for the chosen format and mode (from the tokenized summary, or before tokenization an
+    upper bound from the prompt count x tokenize.max_seq_len) and hold an offline run to
+    hidden_states.max_disk_gb, which may have changed since the rule ran (the limit is not a
+    param, so changing it re-extracts nothing)."""
+    hs = config["hidden_states"]
+    mode = hs.get("mode", "offline")  # hidden_states.mode (online: no shard files)
+    def same_format(shard):
+        try:
+            return json.loads((Path(shard) / "manifest.json").read_text()).get("format", "full") == hs["format"]
+        except (OSError, ValueError):
+            return True  # no readable manifest: the job decides
+
+    shards = hidden_state_shards()
+    if mode != "online" and all(Path(d).exists() and same_format(d) for d in shards):
         return
-    estimate = Path("results/hidden_states/disk_estimate.json")
-    if estimate.is_file():
-        est = json.loads(estimate.read_text())
-    elif TARGET_SHAPE is not None:
-        layer_ids = Path("results/target/layer_ids.json")
-        setting = config["hidden_states"]["layer_ids"]
-        if layer_ids.is_file():
-            n_layers = len(json.loads(layer_ids.read_text())["extracted"])
-        else:  # "auto" is speculators' 3 aux layers; the last layer is always added
-            n_layers = (3 if setting == "auto" else len(setting)) + 1
-        est = parse_time_estimate("results/tokenized/summary.json", TARGET_SHAPE.hidden_size,
-                                  n_layers, RESOLVED["engine"]["dtype"])
-        if est is None:
-            return
-    else:
+    if TARGET_SHAPE is None:
         return
-    print(f"draftline: {describe(est)}", file=sys.stderr)
+    layer_ids = Path("results/target/layer_ids.json")
     try:
-        check_limit(est, config["hidden_states"]["max_disk_gb"])
+        n_layers = len(json.loads(layer_ids.read_text())["extracted"])
+    except (OSError, ValueError, KeyError, TypeError):  # not yet (or not readable): as configured
+        n_layers = (3 if hs["layer_ids"] == "auto" else len(hs["layer_ids"])) + 1  # auto: 3 aux + last
+    dtype = RESOLVED["engine"]["dtype"]
+    est = parse_time_estimate("results/tokenized/summary.json", TARGET_SHAPE.hidden_size, n_layers, dtype,
+                              hs["format"])  # fmt: skip
+    source = "from results/tokenized/summary.json"
+    if est is None:
+        rows = planned_rows("results/prompts/summary.json", config)
+        if rows is None:
+            return
+        max_seq_len = config["tokenize"]["max_seq_len"]
+        est = upper_bound_estimate(rows, max_seq_len, TARGET_SHAPE.hidden_size, n_layers, dtype, hs["format"])
+        source = f"before tokenization: {rows:,} training prompts x tokenize.max_seq_len {max_seq_len}"
+    # the online mode's working set where the schema has hidden_states.mode
+    total_seq_len = config["train"]["total_seq_len"] if "mode" in hs else None
+    for line in plan_lines(est, mode=mode, total_seq_len=total_seq_len, source=source,
+                           release_after_training=RELEASE_SHARDS):  # fmt: skip
+        print(f"draftline: {line}", file=sys.stderr)
+    if mode == "online":
+        return
+    limit = hs["max_disk_gb"]
+    try:
+        exact = limit is not None and not est.get("upper_bound")
+        lengths = row_lengths("results/tokenized/dataset") if exact else None
+        check_limit(est, limit, lengths=lengths, max_seq_len=config["tokenize"]["max_seq_len"],
+                    total_seq_len=total_seq_len)  # fmt: skip
     except DiskLimitError as error:
-        raise WorkflowError(str(error)) from None
+        if not est.get("upper_bound"):
+            raise WorkflowError(str(error)) from None
+        print(f"draftline: warning: the hidden states may exceed hidden_states.max_disk_gb = {limit} (an upper "
+              "bound before tokenization; checked exactly after tokenization, before any extraction)",
+              file=sys.stderr)  # fmt: skip
 
 
 _hidden_state_disk_use()

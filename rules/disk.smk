@@ -6,6 +6,7 @@
 rule hidden_states_disk_estimate:
     input:
         summary=rules.tokenize.output.summary,
+        dataset=rules.tokenize.output.dataset,  # the rows' lengths, for the max_seq_len that fits
         layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:
@@ -23,5 +24,6 @@ rule hidden_states_disk_estimate:
         target_dir=TARGET_PATH,
         dtype=RESOLVED["engine"]["dtype"],
         shards=config["hidden_states"]["shards"],
+        format=config["hidden_states"]["format"],
     script:
         "../scripts/disk_estimate.py"

@@ -11,7 +11,7 @@ rule hidden_states_shard:
         layer_ids=rules.layer_ids.output[0],
         disk_estimate=rules.hidden_states_disk_estimate.output[0],  # stops here when over max_disk_gb
     output:
-        directory("results/hidden_states/shard_{shard}"),
+        hidden_states_output("results/hidden_states/shard_{shard}"),
     log:
         "logs/hidden_states/shard_{shard}.log",
     benchmark:
@@ -26,6 +26,7 @@ rule hidden_states_shard:
     params:
         code=code("hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
+        format=config["hidden_states"]["format"],  # full or fp8 (speculators' FP8 layout)
         num_shards=config["hidden_states"]["shards"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
@@ -44,7 +45,7 @@ rule hidden_states_view:
     input:
         shards=hidden_state_shards(),
     output:
-        directory("results/hidden_states/all"),
+        hidden_states_output("results/hidden_states/all"),
     log:
         "logs/hidden_states/view.log",
     benchmark:

@@ -13,6 +13,7 @@ rule train:
         t2d=rules.vocab.output.t2d,
         dataset=rules.tokenize.output.dataset,
         hidden_states=rules.hidden_states_view.output[0],
+        shards=shards_read_by_training(),  # hidden_states.release_after_training: kept until training is done
         layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:

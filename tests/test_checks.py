@@ -2,6 +2,7 @@
 training (draftline.checks, draftline.disk); fast, no engines."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -150,6 +151,43 @@ def test_limit_names_the_key_and_the_numbers():
     check_limit(est, 1.0)
     with pytest.raises(DiskLimitError, match=r"hidden_states.max_disk_gb = 0.5: .*0\.65 GB.*70,000 tokens x 9,224 bytes/token"):
         check_limit(est, 0.5)
+
+
+def test_fp8_estimate_matches_real_fp8_files(tmp_path):
+    """Format fp8 as speculators' quantizer writes it: 1 byte per value + a float32 scale per token."""
+    from hs_connectors.fp8_utils import quantize_tensor_to_fp8
+
+    lengths = [7, 30, 123]
+    for i, n in enumerate(lengths):
+        states, scales = quantize_tensor_to_fp8(torch.randn(n, 4, 32))
+        save_file({"hidden_states": states, "hidden_states_scales": scales, "token_ids": torch.arange(n)},
+                  str(tmp_path / f"hs_{i}.safetensors"))  # fmt: skip
+    on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
+    est = estimate(sum(lengths), len(lengths), 32, 4, "float32", "fp8")
+    assert est["bytes_per_token"] == 4 * 32 + 4 + 8
+    assert abs(est["bytes"] - on_disk) <= 16 * len(lengths)
+    assert bytes_per_token(576, 4, "float32", "fp8") * 3.9 < bytes_per_token(576, 4, "float32")
+
+
+def test_limit_names_the_settings_that_fit_with_their_sizes():
+    lengths = [100] * 200 + [1000] * 100  # 120,000 tokens
+    est = estimate(sum(lengths), len(lengths), 576, 4, "float32")
+    limit_gb = 0.5  # full: 1.11 GB; fp8: 0.28 GB
+    with pytest.raises(DiskLimitError) as err:
+        check_limit(est, limit_gb, lengths=lengths, max_seq_len=1024, total_seq_len=2048)
+    text = str(err.value)
+    assert re.search(r"hidden_states.format: fp8 -> 0\.28 GB \(fits\)", text), text
+    assert "hidden_states.mode: online -> ~0.04 GB working set" in text
+    rows = int(re.search(r"prompts.max_samples: (\d+) ", text).group(1))
+    assert rows == int(limit_gb * 1e9 // (est["bytes"] / len(lengths)))
+    cut = int(re.search(r"tokenize.max_seq_len: (\d+) ", text).group(1))
+    # the longest cut that fits: one token more would not
+    fits = lambda n: sum(min(x, n) for x in lengths) * est["bytes_per_token"] + 300 * 160 <= limit_gb * 1e9  # noqa: E731
+    assert fits(cut) and not fits(cut + 1)
+    # an fp8 run names no format change; without the online key no online figure
+    with pytest.raises(DiskLimitError) as err:
+        check_limit(estimate(sum(lengths), len(lengths), 576, 4, "float32", "fp8"), 0.1, lengths=lengths)
+    assert "hidden_states.format" not in str(err.value) and "online" not in str(err.value)
 
 
 def _tokenized(tmp_path, rows, tokens):

@@ -186,7 +186,7 @@ def test_dry_run_prints_the_estimate_and_holds_a_new_limit(tokenized, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(tokenized[0], workdir, symlinks=True)
     result = snakemake(workdir, "-n", "results/hidden_states/all")
-    assert re.search(r"draftline: hidden states will take ~[\d.]+ GB: [\d,]+ tokens x 2,056 bytes/token", output(result))
+    assert re.search(r"draftline:   hidden-state shards  ~[\d.]+ GB: [\d,]+ tokens x 2,056 bytes/token", output(result))
     # The limit is not a param (a new one re-extracts nothing); a lower one still stops the run.
     config = yaml.safe_load((workdir / "config.yaml").read_text())
     config["hidden_states"]["max_disk_gb"] = 1e-6

@@ -322,3 +322,101 @@ def test_layer_ids_from_another_target_are_rejected(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="rerun the layer_ids rule"):
         hs.extract_shard(tmp_path / "dataset", tiny_model, LayerIds(aux=[2], num_hidden_layers=30), 0, 1,
                          tmp_path / "shard_0")
+
+
+# --- hidden_states.format fp8 ------------------------------------------------------------------
+
+# float8_e4m3fn keeps 3 mantissa bits: at most 2^-4 relative error per value at the per-token
+# scale, a few percent in norm (measured on this model: benchmarks/results/fp8_hidden_states.md).
+FP8_MAX_RELATIVE_ERROR = 0.05
+
+
+@pytest.fixture(scope="module")
+def extracted_fp8(tiny_model, dataset, tmp_path_factory):
+    """The same rows extracted in format fp8 (vLLM CPU with CPUFP8HiddenStatesConnector)."""
+    root = tmp_path_factory.mktemp("hs_fp8")
+    manifest = hs.extract_shard(
+        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
+        EngineSettings(dtype="float32", threads=1, enforce_eager=True), rows_per_call=4, format="fp8",
+    )  # fmt: skip
+    return root, manifest
+
+
+def _fp8_errors(full_root, fp8_root, ids):
+    """Per-layer relative error of fp8 states (as speculators' reader returns them) over all rows."""
+    full = torch.cat([hsf.read_states(full_root / hsf.file_name(i)) for i in range(len(ids))])
+    fp8 = torch.cat([hsf.read_states(fp8_root / hsf.file_name(i), "fp8") for i in range(len(ids))])
+    return hsf.relative_error_per_layer(full, fp8)
+
+
+@pytest.mark.dag
+def test_fp8_files_are_speculators_layout_and_close_to_full_precision(dataset, extracted, extracted_fp8):
+    from hs_connectors.transfer import FP8Transfer
+    from speculators.train.data import ArrowDataset
+
+    root, manifest = extracted_fp8
+    path, ids = dataset
+    shard = root / "shard_0"
+    assert manifest["format"] == "fp8" and extracted[1]["format"] == "full"
+    # one byte per value + a float32 scale per token, against float32: about 4x smaller
+    assert manifest["bytes"] * 3.5 < extracted[1]["bytes"]
+    for i, row in enumerate(ids):
+        data = load_file(shard / hsf.file_name(i))
+        assert data["hidden_states"].dtype == torch.float8_e4m3fn
+        assert data["hidden_states"].shape == (len(row), 4, 128)
+        assert data["hidden_states_scales"].shape == (len(row), 1, 1)
+        assert data["token_ids"].tolist() == row
+    errors = _fp8_errors(extracted[0] / "shard_0", shard, ids)
+    assert len(errors) == 4 and all(0 < e < FP8_MAX_RELATIVE_ERROR for e in errors), errors
+    # speculators' Trainer dataset reads them through its own fp8 backend
+    hs.build_training_view([shard], root / "all")
+    assert json.loads((root / "all" / hsf.MANIFEST).read_text())["format"] == "fp8"
+    data = ArrowDataset(max_len=256, datapath=str(path), transfer=FP8Transfer(root / "all"), on_missing="raise",
+                        hidden_states_dtype=torch.float32)  # fmt: skip
+    item = data[3]
+    assert item["hidden_states"].shape == (len(ids[3]), 3 * 128)
+    assert torch.isfinite(item["hidden_states"].float()).all()
+
+
+@pytest.mark.dag
+def test_transformers_backend_writes_fp8_too(tiny_model, dataset, extracted, tmp_path):
+    path, ids = dataset
+    manifest = hs.extract_shard(
+        path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
+        EngineSettings(dtype="float32", threads=1), backend="transformers", format="fp8",
+    )  # fmt: skip
+    assert manifest["format"] == "fp8" and manifest["backend"] == "transformers"
+    errors = _fp8_errors(extracted[0] / "shard_0", tmp_path / "shard_0", ids)
+    assert all(e < FP8_MAX_RELATIVE_ERROR for e in errors), errors
+
+
+def test_fp8_validation_catches_broken_files(tmp_path):
+    from hs_connectors.fp8_utils import quantize_tensor_to_fp8
+
+    ids = [3, 1, 4, 1, 5]
+    states, scales = quantize_tensor_to_fp8(torch.randn(5, 4, 8))
+    good = {"hidden_states": states, "hidden_states_scales": scales, "token_ids": torch.tensor(ids)}
+
+    def check(tensors, format="fp8", row_ids=ids):
+        path = tmp_path / "hs_0.safetensors"
+        save_file(tensors, str(path))
+        return hsf.validate_hidden_state_file(path, row_ids, 4, 8, row=0, dtype="float32", format=format)
+
+    assert check(good) == 5
+    bad_scales = scales.clone()
+    bad_scales[2] = float("nan")
+    nan_value = states.view(torch.uint8).clone()
+    nan_value[1, 2, 3] = 0x7F  # float8_e4m3fn's NaN
+    cases = [
+        ({**good, "hidden_states_scales": bad_scales}, "fp8", ids, "non-finite or non-positive scales"),
+        ({**good, "hidden_states_scales": scales[:4]}, "fp8", ids, r"expected float32 \[5, 1, 1\]"),
+        ({"hidden_states": states, "token_ids": torch.tensor(ids)}, "fp8", ids, "not an fp8 hidden-state file"),
+        ({**good, "hidden_states": nan_value.view(torch.float8_e4m3fn)}, "fp8", ids, "non-finite values"),
+        (good, "fp8", [3, 1, 4, 1, 6], "token ids differ"),
+        (good, "full", ids, "an fp8 file .* where format full is expected"),
+        ({"hidden_states": torch.zeros(5, 4, 8), "token_ids": torch.tensor(ids)}, "fp8", ids,
+         "not an fp8 hidden-state file"),
+    ]
+    for tensors, format, row_ids, message in cases:
+        with pytest.raises(hsf.HiddenStateFileError, match=message):
+            check(tensors, format, row_ids)

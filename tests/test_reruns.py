@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import yaml
@@ -73,6 +74,62 @@ def test_layer_ids_rerun_extraction_not_tokenization(run):
         "speculator_config": 1,
         **AFTER_TRAIN,
     }
+
+
+# A change to how hidden states are stored: the estimate, the shards, the view, the disk plot,
+# training and what follows it (nothing before: no tokenization, vocab or config).
+HIDDEN_STATES_AND_AFTER = {
+    "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
+    "report_hidden_states_disk": 1, **AFTER_TRAIN,
+}  # fmt: skip
+
+
+def test_hidden_state_format_reruns_hidden_states_training_and_after(run):
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    switched = "full" if config["hidden_states"].get("format") == "fp8" else "fp8"
+    edit_config(run, hidden_states={"format": switched})
+    assert planned_jobs(run, TARGET) == HIDDEN_STATES_AND_AFTER
+    # the plan shows the new format's disk use before any job runs: 4 layers x 128 values in
+    # float32, or 1 byte each + a float32 scale, + the token id
+    per_token = {"full": "2,056", "fp8": "524"}[switched]
+    assert re.search(rf"draftline:   hidden-state shards  ~[\d.]+ GB: [\d,]+ tokens x {per_token} bytes/token",
+                     _output(snakemake(run, "-n", TARGET)))  # fmt: skip
+
+
+def test_release_after_training_plans_like_kept_shards(run):
+    """Switching it on reruns nothing; once Snakemake has deleted the shards and the view
+    (temp()), a finished run still plans nothing; a training change re-extracts them first."""
+    edit_config(run, hidden_states={"release_after_training": True})
+    assert planned_jobs(run, TARGET) == {}
+    for folder in [*(run / "results/hidden_states").glob("shard_*"), run / "results/hidden_states/all"]:
+        shutil.rmtree(folder)
+    assert planned_jobs(run, TARGET) == {}
+    assert "deleted once training has read them" in _output(snakemake(run, "-n", TARGET))
+    edit_config(run, train={"lr": 0.002})
+    assert planned_jobs(run, TARGET) == {"hidden_states_shard": 2, "hidden_states_view": 1,
+                                         "report_hidden_states_disk": 1, **AFTER_TRAIN}  # fmt: skip
+
+
+def test_disk_limit_in_the_plan_names_what_fits(run):
+    """With shards still to extract, a limit between the fp8 and the full size stops the plan,
+    naming format fp8 (and fewer samples, shorter sequences) with their sizes; fp8 then fits."""
+    for folder in (run / "results/hidden_states").glob("shard_*"):
+        shutil.rmtree(folder)
+    summary = json.loads((run / "results/tokenized/summary.json").read_text())
+    full, fp8 = summary["total_tokens"] * (4 * 128 * 4 + 8), summary["total_tokens"] * (4 * 128 + 12)
+    edit_config(run, hidden_states={"format": "full", "max_disk_gb": (full + fp8) / 2 / 1e9})
+    result = snakemake(run, "-n", TARGET, check=False)
+    out = _output(result)
+    assert result.returncode != 0 and "hidden_states.max_disk_gb" in out
+    assert re.search(r"hidden_states.format: fp8 -> [\d.]+ (MB|GB) \(fits\)", out), out[-3000:]
+    assert re.search(r"prompts.max_samples: \d+ -> ", out) and re.search(r"tokenize.max_seq_len: \d+ -> ", out)
+    edit_config(run, hidden_states={"format": "fp8"})
+    out = _output(snakemake(run, "-n", TARGET))  # fits: the plan goes on
+    assert "hidden_states.max_disk_gb" not in out and "x 524 bytes/token" in out
+
+
+def _output(result):
+    return result.stdout + result.stderr
 
 
 def test_one_prompt_edited_reruns_what_depends_on_prompts(run):

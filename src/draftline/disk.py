@@ -2,7 +2,14 @@
 
 Each token stores `n_layers x hidden_size` values in the extraction dtype plus its token id
 (int64), and each file a small safetensors header: for SmolLM2 (4 layers x 576, float32)
-9,224 bytes/token, 645 MB for 70k tokens (measured: 9,225 bytes/token).
+9,224 bytes/token, 645 MB for 70k tokens (measured: 9,225 bytes/token). `hidden_states.format:
+fp8` stores one byte per value plus a float32 scale per token (2,316 bytes/token for SmolLM2);
+`hidden_states.mode: online` keeps only the samples in flight (`online_working_set`).
+
+The plan (`plan_lines`, printed by rules/common.smk before any job runs) shows each stage's
+expected disk use: from the tokenized summary once it exists, before that an upper bound from
+the training prompt count x tokenize.max_seq_len. `check_limit` stops an offline run above
+hidden_states.max_disk_gb and names the settings that would make it fit, with their sizes.
 """
 
 from __future__ import annotations
@@ -19,48 +26,121 @@ log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TOKEN_ID_BYTES = 8  # token_ids are saved as int64 beside the states
 FILE_HEADER_BYTES = 160  # safetensors header of one hs_<i> file (two tensors), measured: 152-160
+FP8_VALUE_BYTES, FP8_SCALE_BYTES = 1, 4  # format fp8: float8_e4m3fn values, one float32 scale per token
+FP8_FILE_HEADER_BYTES = 240  # three tensors (states, scales, token ids)
+TOKENIZED_BYTES_PER_TOKEN = 16  # input_ids and loss_mask, int64 each, in the arrow dataset
+ONLINE_BATCHES_IN_FLIGHT = 2  # mode online: about this many batches of states exist at once
 
 
 class DiskLimitError(ValueError):
     """The hidden states would exceed hidden_states.max_disk_gb."""
 
 
-def bytes_per_token(hidden_size: int, n_layers: int, dtype: str) -> int:
+def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> int:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
+    if format == "fp8":
+        return n_layers * hidden_size * FP8_VALUE_BYTES + FP8_SCALE_BYTES + TOKEN_ID_BYTES
     return n_layers * hidden_size * DTYPE_BYTES[dtype] + TOKEN_ID_BYTES
 
 
-def estimate(tokens: int, rows: int, hidden_size: int, n_layers: int, dtype: str) -> dict:
-    per_token = bytes_per_token(hidden_size, n_layers, dtype)
-    total = tokens * per_token + rows * FILE_HEADER_BYTES
+def estimate(tokens: int, rows: int, hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> dict:
+    per_token = bytes_per_token(hidden_size, n_layers, dtype, format)
+    header = FP8_FILE_HEADER_BYTES if format == "fp8" else FILE_HEADER_BYTES
+    total = tokens * per_token + rows * header
     return {
         "rows": rows,
         "tokens": tokens,
         "hidden_size": hidden_size,
         "layers": n_layers,
         "dtype": dtype,
+        "format": format,
         "bytes_per_token": per_token,
         "bytes": total,
         "gb": round(total / 1e9, 3),
     }
 
 
+def _with(est: dict, **changes) -> dict:
+    """The estimate with other tokens/rows/format (the same target and layers)."""
+    args = {k: est[k] for k in ("tokens", "rows", "hidden_size", "layers", "dtype")}
+    args["format"] = est.get("format", "full")
+    args.update(changes)
+    return estimate(args["tokens"], args["rows"], args["hidden_size"], args["layers"], args["dtype"], args["format"])
+
+
+def online_working_set(est: dict, total_seq_len: int) -> int:
+    """hidden_states.mode online: bytes of states on disk at once (the server writes each sample's
+    file in the extraction dtype; the Trainer deletes it once loaded), about
+    ONLINE_BATCHES_IN_FLIGHT batches of train.total_seq_len tokens."""
+    full = _with(est, format="full")
+    return ONLINE_BATCHES_IN_FLIGHT * total_seq_len * full["bytes_per_token"]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.1f} MB"
+
+
 def describe(est: dict) -> str:
+    what = (f"{est['layers']} layers x {est['hidden_size']} x 1 byte fp8 + a float32 scale + token id"
+            if est.get("format") == "fp8" else
+            f"{est['layers']} layers x {est['hidden_size']} x {est['dtype']} + token id")  # fmt: skip
+    bound = "at most " if est.get("upper_bound") else "~"
     return (
-        f"hidden states will take ~{est['bytes'] / 1e9:.2f} GB: {est['tokens']:,} tokens x "
-        f"{est['bytes_per_token']:,} bytes/token ({est['layers']} layers x {est['hidden_size']} "
-        f"x {est['dtype']} + token id), {est['rows']:,} files"
+        f"hidden states will take {bound}{est['bytes'] / 1e9:.2f} GB: {est['tokens']:,} tokens x "
+        f"{est['bytes_per_token']:,} bytes/token ({what}), {est['rows']:,} files"
     )
 
 
-def check_limit(est: dict, max_disk_gb: float | None) -> None:
-    """Stop before extraction when the estimate exceeds the configured limit (None = no limit)."""
+def tokens_at_max_seq_len(lengths: list[int], max_seq_len: int) -> int:
+    return sum(min(n, max_seq_len) for n in lengths)
+
+
+def fitting_settings(est: dict, limit_bytes: float, *, lengths: list[int] | None = None,
+                     max_seq_len: int | None = None, total_seq_len: int | None = None) -> list[str]:  # fmt: skip
+    """The single settings that each bring the hidden states under `limit_bytes`, with the size
+    each gives. `lengths` (the rows' token counts) makes the max_seq_len figure exact; without
+    them it assumes every row fills max_seq_len (an upper bound)."""
+    out = []
+    if est.get("format", "full") != "fp8":
+        fp8 = _with(est, format="fp8")
+        fits = "fits" if fp8["bytes"] <= limit_bytes else "still above"
+        out.append(f"hidden_states.format: fp8 -> {_gb(fp8['bytes'])} ({fits})")
+    if total_seq_len:
+        out.append(f"hidden_states.mode: online -> ~{_gb(online_working_set(est, total_seq_len))} working set "
+                   "(nothing kept; the target's forward pass reruns every epoch)")
+    per_row = est["bytes"] / max(est["rows"], 1)
+    rows = int(limit_bytes // per_row) if per_row else est["rows"]
+    if 0 < rows < est["rows"]:
+        out.append(f"prompts.max_samples: {rows} -> ~{_gb(rows * per_row)} (rows of average length)")
+    header = est["bytes"] - est["tokens"] * est["bytes_per_token"]
+    budget_tokens = (limit_bytes - header) // est["bytes_per_token"]
+    if lengths:
+        lo, hi = 1, max(lengths)
+        while lo < hi:  # the longest max_seq_len whose cut rows fit
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if tokens_at_max_seq_len(lengths, mid) <= budget_tokens else (lo, mid - 1)
+        cut = lo
+        size = tokens_at_max_seq_len(lengths, cut) * est["bytes_per_token"] + header
+    else:
+        cut = int(budget_tokens // max(est["rows"], 1))
+        size = cut * est["rows"] * est["bytes_per_token"] + header
+    if cut >= 1 and (max_seq_len is None or cut < max_seq_len):
+        out.append(f"tokenize.max_seq_len: {cut} -> {'' if lengths else 'at most '}{_gb(size)}")
+    return out
+
+
+def check_limit(est: dict, max_disk_gb: float | None, *, lengths: list[int] | None = None,
+                max_seq_len: int | None = None, total_seq_len: int | None = None) -> None:  # fmt: skip
+    """Stop before extraction when the estimate exceeds the configured limit (None = no limit),
+    naming the settings that would make it fit and the size each gives."""
     if max_disk_gb is not None and est["bytes"] > max_disk_gb * 1e9:
+        options = fitting_settings(est, max_disk_gb * 1e9, lengths=lengths, max_seq_len=max_seq_len,
+                                   total_seq_len=total_seq_len)  # fmt: skip
         raise DiskLimitError(
-            f"hidden_states.max_disk_gb = {max_disk_gb}: the {describe(est)}, above the limit; "
-            "raise hidden_states.max_disk_gb, or lower prompts.max_samples or tokenize.max_seq_len, "
-            "or use fewer hidden_states.layer_ids"
+            f"hidden_states.max_disk_gb = {max_disk_gb}: the {describe(est)}, above the limit. "
+            "Settings that fit (each alone): " + "; ".join(options)
+            + "; or raise hidden_states.max_disk_gb, or use fewer hidden_states.layer_ids"
         )
 
 
@@ -72,11 +152,18 @@ def write_estimate(
     shards: int,
     out_path: str | Path,
     max_disk_gb: float | None = None,
+    *,
+    format: str = "full",
+    dataset_dir: str | Path | None = None,
+    max_seq_len: int | None = None,
+    total_seq_len: int | None = None,
 ) -> dict:
     """Estimate the hidden states' disk use from the tokenized data; check shards and the limit.
 
     `dtype` "auto" is resolved as extraction resolves it on this machine (float32 without
     CUDA): on a cluster whose GPU nodes extract in bfloat16 the estimate is then an upper bound.
+    `dataset_dir` (the tokenized dataset) gives the rows' lengths, so the max_seq_len that would
+    fit under the limit is exact.
     """
     from draftline.checks import check_rows_for_shards, shape_from_config
     from draftline.engine import default_dtype
@@ -86,7 +173,7 @@ def write_estimate(
     shape = shape_from_config(Path(target_dir) / "config.json")
     check_rows_for_shards(int(summary["rows"]), shards, f"the tokenized dataset ({tokenized_summary})")
     est = estimate(int(summary["total_tokens"]), int(summary["rows"]), shape.hidden_size,
-                   len(extracted), default_dtype(dtype))
+                   len(extracted), default_dtype(dtype), format)
     est["shards"] = shards
     est["max_disk_gb"] = max_disk_gb
     out_path = Path(out_path)
@@ -96,7 +183,8 @@ def write_estimate(
     if est["bytes"] > free:
         log.warning("the hidden states (%.2f GB) will not fit in the %.2f GB free in %s",
                     est["bytes"] / 1e9, free / 1e9, out_path.parent)
-    check_limit(est, max_disk_gb)
+    lengths = row_lengths(dataset_dir) if dataset_dir is not None else None
+    check_limit(est, max_disk_gb, lengths=lengths, max_seq_len=max_seq_len, total_seq_len=total_seq_len)
     with atomic_file(out_path) as f:
         json.dump(est, f, indent=1)
         f.write("\n")
@@ -104,7 +192,7 @@ def write_estimate(
 
 
 def parse_time_estimate(
-    tokenized_summary: str | Path, hidden_size: int, n_layers: int, dtype: str
+    tokenized_summary: str | Path, hidden_size: int, n_layers: int, dtype: str, format: str = "full"
 ) -> dict | None:
     """The estimate from an existing tokenized summary (None when tokenization has not run).
 
@@ -118,4 +206,67 @@ def parse_time_estimate(
         tokens, rows = int(summary["total_tokens"]), int(summary["rows"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a stale or partial summary: the rule will say more
-    return estimate(tokens, rows, hidden_size, n_layers, "float32" if dtype == "auto" else dtype)
+    return estimate(tokens, rows, hidden_size, n_layers, "float32" if dtype == "auto" else dtype, format)
+
+
+def row_lengths(dataset_dir: str | Path) -> list[int] | None:
+    """The tokenized rows' lengths (`seq_len`) read straight from the dataset's arrow files
+    (import-light for the Snakefile: milliseconds); None when they cannot be read."""
+    try:
+        import pyarrow as pa
+
+        lengths: list[int] = []
+        for f in sorted(Path(dataset_dir).glob("data-*.arrow")):
+            with pa.memory_map(str(f)) as src:
+                lengths += pa.ipc.open_stream(src).read_all().column("seq_len").to_pylist()
+        return [int(n) for n in lengths] or None
+    except Exception:  # a partial or foreign dataset: the estimate falls back to an upper bound
+        return None
+
+
+def planned_rows(prompts_summary: str | Path, config: dict) -> int | None:
+    """Training rows before tokenization: the prompts step's count once it ran, else
+    prompts.max_samples, else the lines of the JSONL sources less the held-out prompts (an upper
+    bound); None when only a dataset folder or JSON list could say."""
+    path = Path(prompts_summary)
+    if path.is_file():
+        try:
+            return int(json.loads(path.read_text())["train"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    prompts = config["prompts"]
+    if prompts.get("max_samples") is not None:
+        return int(prompts["max_samples"])
+    lines = 0
+    for source in prompts["sources"]:
+        src = Path(source)
+        if not (src.is_file() and src.suffix == ".jsonl"):
+            return None
+        with open(src, "rb") as f:
+            lines += sum(1 for line in f if line.strip())
+    return max(lines - int(prompts["validation"]) - int(prompts["test"]), 0)
+
+
+def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers: int, dtype: str,
+                         format: str = "full") -> dict:  # fmt: skip
+    """Before tokenization: every training row filling tokenize.max_seq_len."""
+    est = estimate(rows * max_seq_len, rows, hidden_size, n_layers, "float32" if dtype == "auto" else dtype, format)
+    est["upper_bound"] = True
+    return est
+
+
+def plan_lines(est: dict, *, mode: str = "offline", total_seq_len: int | None, source: str,
+               release_after_training: bool = False) -> list[str]:  # fmt: skip
+    """The dry run's table: each stage's expected disk use for the chosen format and mode."""
+    bound = "at most " if est.get("upper_bound") else "~"
+    lines = [f"expected disk use (hidden_states.format {est.get('format', 'full')}, mode {mode}; {source}):",
+             f"  tokenized data       {bound}{_gb(est['tokens'] * TOKENIZED_BYTES_PER_TOKEN)}"]  # fmt: skip
+    if mode == "online":
+        lines.append(f"  hidden states        ~{_gb(online_working_set(est, total_seq_len))} working set "
+                     f"during training (offline would keep {bound}{_gb(est['bytes'])})")  # fmt: skip
+    else:
+        released = ", deleted once training has read them" if release_after_training else ""
+        lines.append(f"  hidden-state shards  {describe(est).removeprefix('hidden states will take ')}{released}")
+        lines.append("  training view        links only")
+    lines.append("  checkpoints          the draft's weights + optimizer state per kept epoch (independent of the data)")
+    return lines

@@ -5,7 +5,7 @@ backend (`draftline.backends`: vLLM's own `extract_hidden_states` method by defa
 transformers forward pass) computes the rows' files; this stage owns everything around it:
 
 - a staging folder that survives a killed job, keyed by the settings that produce a file's
-  content (target, layers, dataset, dtype), so a rerun extracts only the rows not yet staged
+  content (target, layers, dataset, dtype, format), so a rerun extracts only the rows not yet staged
   and nothing is reused across settings;
 - every file validated (token ids, length, layer count, hidden size, dtype, finite values)
   before it counts;
@@ -32,9 +32,11 @@ from draftline import backends
 from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.hidden_states import (
+    FORMATS,
     STAGING_KEY,
     HiddenStateFileError,
     file_name,
+    manifest_format,
     read_manifest,
     shard_rows,
     validate_hidden_state_file,
@@ -50,12 +52,13 @@ log = logging.getLogger(__name__)
 
 def staging_key(
     target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, dtype: str,
-    parallel: tuple[int, int] = (1, 1),
+    parallel: tuple[int, int] = (1, 1), format: str = "full",
 ) -> str:  # fmt: skip
     """Hash of everything that decides a file's content: staged files never cross settings.
 
     `parallel` is vLLM's (tensor, pipeline) split: it changes float reductions, so files of
-    another split are not reused (left out of the hash when unsplit, so keys stay as they were).
+    another split are not reused (left out of the hash when unsplit, so keys stay as they were);
+    `format` likewise (left out when full).
     """
     settings = {
         "target": digest(fingerprint(target_dir)),
@@ -65,6 +68,8 @@ def staging_key(
     }
     if tuple(parallel) != (1, 1):
         settings["parallel"] = list(parallel)
+    if format != "full":
+        settings["format"] = format
     payload = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -79,11 +84,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype) -> bool:
+def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype, format="full") -> bool:
     if not path.exists():
         return False
     try:
-        validate_hidden_state_file(path, ids, n_layers, hidden_size, row=row, dtype=dtype)
+        validate_hidden_state_file(path, ids, n_layers, hidden_size, row=row, dtype=dtype, format=format)
         return True
     except HiddenStateFileError as e:
         log.warning("discarding staged file: %s", e)
@@ -111,8 +116,12 @@ def extract_shard(
     staging_root: str | Path | None = None,
     rows_per_call: int = 64,
     options: dict | None = None,
+    format: str = "full",
 ) -> dict:
     """Extract shard `shard` of `num_shards` into `out_dir` (published atomically); return its manifest.
+
+    `format` is `hidden_states.format`: `full` (the engine dtype) or `fp8` (speculators' FP8
+    layout, `draftline.artifacts.hidden_states`).
 
     `staging_root` (default: `<out_dir's parent>/.staging`) keeps validated files across a
     killed job; rows whose staged file still validates are not extracted again. `layer_ids` is
@@ -146,22 +155,25 @@ def extract_shard(
             raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")
 
     parallel = (engine.tensor_parallel_size, engine.pipeline_parallel_size)
-    key = staging_key(target_dir, extracted, dataset._fingerprint, dtype, parallel)
+    if format not in FORMATS:
+        raise ValueError(f"hidden_states.format {format!r}: expected one of {', '.join(FORMATS)}")
+    key = staging_key(target_dir, extracted, dataset._fingerprint, dtype, parallel, format)
     staging = open_staging(staging_root, shard, key, {
         "target": str(target_dir), "extracted": extracted, "dataset_fingerprint": dataset._fingerprint,
-        "dtype": dtype, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
+        "dtype": dtype, "format": format,
+        "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
     })  # fmt: skip
 
     todo = [
         r for r in rows
-        if not _is_staged_valid(staging / file_name(r), ids_by_row[r], n_layers, hidden_size, r, dtype)
+        if not _is_staged_valid(staging / file_name(r), ids_by_row[r], n_layers, hidden_size, r, dtype, format)
     ]  # fmt: skip
     reused = len(rows) - len(todo)
     log.info(
         "shard %d/%d: rows %d..%d (%d rows, %d tokens); %d already staged in %s, %d to extract; "
-        "layers %s, dtype %s, backend %s, tensor x pipeline parallel %d x %d",
-        shard, num_shards, rows.start, rows.stop - 1, len(rows),
-        sum(len(ids_by_row[r]) for r in rows), reused, staging, len(todo), extracted, dtype, backend, *parallel,
+        "layers %s, dtype %s, format %s, backend %s, tensor x pipeline parallel %d x %d",
+        shard, num_shards, rows.start, rows.stop - 1, len(rows), sum(len(ids_by_row[r]) for r in rows),
+        reused, staging, len(todo), extracted, dtype, format, backend, *parallel,
     )  # fmt: skip
 
     done = backends.Extracted(0, 0.0, 0.0)
@@ -170,7 +182,7 @@ def extract_shard(
             backends.ExtractionRequest(
                 target_dir=str(target_dir), hidden_size=hidden_size, extracted=extracted, rows=todo,
                 token_ids=ids_by_row, dest=staging, engine=engine, rows_per_call=rows_per_call,
-                options=dict(options or {}),
+                options=dict(options or {}), format=format,
             )
         )  # fmt: skip
 
@@ -187,6 +199,7 @@ def extract_shard(
         "layer_ids": ids.to_json(),
         "hidden_size": hidden_size,
         "dtype": dtype,
+        "format": format,
         "bytes": sum((staging / file_name(r)).stat().st_size for r in rows),
         "extracted_rows": len(todo),
         "reused_rows": reused,
@@ -240,12 +253,13 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
     ref = None
     for d in map(Path, shard_dirs):
         m = read_manifest(d)
-        sig = (m["dataset_fingerprint"], m["dataset_rows"], m["layer_ids"]["extracted"], m["dtype"])
+        sig = (m["dataset_fingerprint"], m["dataset_rows"], m["layer_ids"]["extracted"], m["dtype"],
+               manifest_format(m))  # fmt: skip
         if ref is None:
             ref = (sig, d)
         elif sig != ref[0]:
             raise ValueError(
-                f"{d} was made from another dataset or layer setting than {ref[1]} "
+                f"{d} was made from another dataset, layer setting or format than {ref[1]} "
                 f"({sig} vs {ref[0]}); rerun the hidden-state shards"
             )
         for r in range(m["row_start"], m["row_stop"]):
@@ -268,7 +282,7 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
             # Relative to the final folder (a sibling of tmp), so the links survive a move of results/.
             os.symlink(os.path.relpath(d / file_name(r), out_dir), tmp / file_name(r))
         summary = {"rows": num_rows, "shards": [str(d) for d in map(Path, shard_dirs)],
-                   "layer_ids": ref[0][2], "dtype": ref[0][3]}  # fmt: skip
+                   "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4]}  # fmt: skip
         write_manifest(tmp, summary)
     log.info("view %s: %d rows from %d shards", out_dir, num_rows, len(shard_dirs))
     return summary

@@ -31,7 +31,7 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.algorithms import DraftSettings
 from draftline.artifacts import layer_ids, metrics
-from draftline.artifacts.hidden_states import file_name, validate_hidden_states
+from draftline.artifacts.hidden_states import TRAINER_BACKEND, file_name, read_manifest, validate_hidden_states
 from draftline.atomic import atomic_dir
 from draftline.config_schema import default
 from draftline.content_hash import digest, fingerprint
@@ -149,7 +149,12 @@ def check_inputs(inputs: TrainInputs) -> dict:
             f"{first}: hidden_states has shape {shape}, expected [seq, {expected[0]}, {expected[1]}] "
             f"(aux layers {aux} + the last layer, target hidden size {hidden})"
         )
-    torch_dtype = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(dtype)
+    if dtype == "F8_E4M3":
+        # hidden_states.format fp8: speculators' FP8 reader dequantizes, and the Trainer casts to
+        # the dtype the states were extracted in (the view's manifest records it)
+        fmt, torch_dtype = "fp8", read_manifest(inputs.hidden_states)["dtype"]
+    else:
+        fmt, torch_dtype = "full", {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(dtype)
     if torch_dtype is None or torch_dtype == "float16":
         raise ValueError(
             f"{first}: hidden states are {dtype}; speculators trains on float32 or bfloat16 ones"
@@ -158,10 +163,11 @@ def check_inputs(inputs: TrainInputs) -> dict:
     # training before it starts. Shards holding a bad file are removed (with the view), so the
     # rerun re-extracts only those.
     validate_hidden_states(
-        inputs.dataset, inputs.hidden_states, len(aux) + 1, hidden, dtype=torch_dtype, remove_bad_shards=True
-    )
-    return {"rows": rows, "hidden_states_dtype": torch_dtype, "aux": aux, "draft_vocab_size": draft_vocab,
-            "algorithm": algorithm, "facts": facts}
+        inputs.dataset, inputs.hidden_states, len(aux) + 1, hidden, dtype=torch_dtype, format=fmt,
+        remove_bad_shards=True,
+    )  # fmt: skip
+    return {"rows": rows, "hidden_states_dtype": torch_dtype, "hidden_states_format": fmt, "aux": aux,
+            "draft_vocab_size": draft_vocab, "algorithm": algorithm, "facts": facts}  # fmt: skip
 
 
 # ---------------------------------------------------------------- run key
@@ -283,7 +289,7 @@ def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[
 def speculators_args(
     inputs: TrainInputs, settings: TrainSettings, run_dir: Path, hs_dtype: str, optimizer: str,
     aux: list[int], rows: int, draft_vocab: int, num_workers: int = 0, fsdp: bool = False,
-    trust_remote_code: bool = False, algorithm: str = "eagle3",
+    trust_remote_code: bool = False, algorithm: str = "eagle3", hs_format: str = "full",
 ) -> list[str]:  # fmt: skip
     algorithm = algorithms.get(algorithm)
     fraction = settings.train_fraction
@@ -307,6 +313,8 @@ def speculators_args(
         "--hidden-states-path", str(inputs.hidden_states),
         "--target-layer-ids", *[str(i) for i in aux],
         "--hidden-states-dtype", hs_dtype,
+        # speculators' reader for the files' format (fp8: its FP8Transfer dequantizes them)
+        "--hidden-states-backend", TRAINER_BACKEND[hs_format],
         "--on-missing", "raise",  # never ask a vLLM server for missing hidden states
         "--epochs", str(settings.epochs),
         "--lr", repr(float(settings.lr)),
@@ -464,8 +472,8 @@ def train(
     )  # fmt: skip
     discard_incomplete_epochs(run_dir)
     log.info(
-        "run %s: %d rows, %s hidden states, optimizer %s, %s, %s",
-        key, facts["rows"], facts["hidden_states_dtype"], optimizer,
+        "run %s: %d rows, %s hidden states (format %s), optimizer %s, %s, %s",
+        key, facts["rows"], facts["hidden_states_dtype"], facts["hidden_states_format"], optimizer,
         f"{world_size} GPU process(es)" if cuda else f"CPU with {threads} thread(s)",
         describe_start(run_dir, settings.epochs),
     )  # fmt: skip
@@ -474,7 +482,7 @@ def train(
     args = speculators_args(
         inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
         facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp, trust_remote_code,
-        facts["algorithm"].name,
+        facts["algorithm"].name, facts["hidden_states_format"],
     )  # fmt: skip
     command = launch_command(args, cuda, world_size)
     log.info("running: %s", " ".join(command))
@@ -522,6 +530,7 @@ def train(
             "device": "cuda" if cuda else "cpu",
             "threads": threads,
             "hidden_states_dtype": facts["hidden_states_dtype"],
+            "hidden_states_format": facts["hidden_states_format"],
             "rows": facts["rows"],
             "throughput": throughput,
             "inputs": fingerprints,

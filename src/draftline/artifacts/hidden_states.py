@@ -3,8 +3,16 @@ with the shard's `manifest.json`, and the training view `results/hidden_states/a
 
 Row i's file holds `hidden_states` [seq_len, len(extracted), hidden] (the aux layers, then the
 last layer) and `token_ids` [seq_len]: the layout speculators' Trainer reads
-(`speculators.train.data`). Every backend writes files that `validate_hidden_state_file`
-accepts; extraction, the view and training read shards through `read_manifest`.
+(`speculators.train.data`). Two formats (`hidden_states.format`, recorded in every manifest):
+
+- `full`: `hidden_states` in the extraction dtype (float32 on CPU, bfloat16 on CUDA), read by
+  speculators' `--hidden-states-backend file`;
+- `fp8`: speculators' own FP8 layout (`hs_connectors.fp8_hidden_states_connector`):
+  `hidden_states` float8_e4m3fn plus `hidden_states_scales` float32 [seq_len, 1, 1] (one scale
+  per token), read by `--hidden-states-backend fp8` (`hs_connectors.transfer.FP8Transfer`).
+
+Every backend writes files that `validate_hidden_state_file` accepts; extraction, the view and
+training read shards through `read_manifest`.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"  # in every published shard and in the view
 STAGING_KEY = "key.json"  # in a staging folder: the settings its files were made with
+FORMATS = ("full", "fp8")  # config hidden_states.format
+# speculators' Trainer flag `--hidden-states-backend` that reads each format
+TRAINER_BACKEND = {"full": "file", "fp8": "fp8"}
+FP8_DTYPE = "float8_e4m3fn"
 
 
 class HiddenStateFileError(ValueError):
@@ -53,12 +65,16 @@ def validate_hidden_state_file(
     *,
     row: int | None = None,
     dtype: str | None = None,
+    format: str = "full",
 ) -> int:
     """Check one file against its dataset row; return its token count.
 
     Raises HiddenStateFileError naming the file and row when the file is missing or cannot
     be opened (a truncated write counts as missing), when its token ids differ from the row's
-    input_ids, or when the shape, dtype or values (NaN/inf) are wrong.
+    input_ids, or when the shape, dtype or values (NaN/inf) are wrong. `dtype` is the stored
+    dtype of a `full` file; an `fp8` file must hold float8_e4m3fn states and finite positive
+    per-token scales, and is checked for finite values after dequantization (speculators' own
+    `dequantize_fp8_tensor`, as its reader does).
     """
     import torch
     from safetensors.torch import load_file
@@ -77,6 +93,15 @@ def validate_hidden_state_file(
             f"{where}: hidden_states has shape {tuple(hs.shape)}, expected [seq_len, layers, hidden]"
         )
     tokens = [int(t) for t in input_ids]
+    if format == "fp8":
+        data = _dequantized(data, where)
+    elif format == "full" and "hidden_states_scales" in data:
+        raise HiddenStateFileError(
+            f"{where}: an fp8 file (it has hidden_states_scales) where format full is expected; "
+            "it was made with another hidden_states.format: rerun its extraction"
+        )
+    elif format != "full":
+        raise ValueError(f"hidden-state format {format!r}: expected one of {', '.join(FORMATS)}")
     try:
         # speculators' own check: keys present, token ids equal, length matches, all finite.
         check_hidden_states(data, tokens)
@@ -96,13 +121,63 @@ def validate_hidden_state_file(
             f"{where}: hidden_states has shape {tuple(hs.shape)}, expected "
             f"[{len(tokens)}, {n_layers}, {hidden_size}] ({n_layers} extracted layers)"
         )
-    if dtype is not None and hs.dtype != getattr(torch, dtype):
+    if format == "full" and dtype is not None and hs.dtype != getattr(torch, dtype):
         raise HiddenStateFileError(f"{where}: hidden_states dtype {hs.dtype}, expected {dtype}")
     return len(tokens)
 
 
+def _dequantized(data: dict, where: str) -> dict:
+    """An fp8 file's tensors with `hidden_states` dequantized to float32 (scales checked first)."""
+    import torch
+    from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
+
+    hs, scales = data.get("hidden_states"), data.get(SCALES_KEY)
+    if hs is None or scales is None:
+        raise HiddenStateFileError(
+            f"{where}: not an fp8 hidden-state file (no {'hidden_states' if hs is None else SCALES_KEY}); "
+            "it was made with another hidden_states.format: rerun its extraction"
+        )
+    if hs.dtype != getattr(torch, FP8_DTYPE):
+        raise HiddenStateFileError(f"{where}: hidden_states dtype {hs.dtype}, expected {FP8_DTYPE} (format fp8)")
+    if scales.dtype != torch.float32 or list(scales.shape) != [hs.shape[0], 1, 1]:
+        raise HiddenStateFileError(
+            f"{where}: {SCALES_KEY} is {scales.dtype} {list(scales.shape)}, expected float32 [{hs.shape[0]}, 1, 1]"
+        )
+    if not (torch.isfinite(scales).all() and (scales > 0).all()):
+        raise HiddenStateFileError(f"{where}: {SCALES_KEY} holds non-finite or non-positive scales")
+    out = {k: v for k, v in data.items() if k != SCALES_KEY}
+    out["hidden_states"] = dequantize_fp8_tensor(hs, scales, dtype=torch.float32)
+    return out
+
+
 def write_manifest(folder: str | Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def read_states(path: str | Path, format: str = "full"):
+    """A file's `hidden_states` as the Trainer sees them: an fp8 file through speculators' own
+    reader (`hs_connectors.transfer.FP8Transfer`, dequantized to bfloat16), cast to float32."""
+    import torch
+    from hs_connectors.transfer import FP8Transfer
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if format == "fp8":
+        row = int(path.stem.removeprefix("hs_"))
+        return FP8Transfer(path.parent).get_cached(row)["hidden_states"].float()
+    return load_file(str(path))["hidden_states"].to(torch.float32)
+
+
+def relative_error_per_layer(reference, other) -> list[float]:
+    """||other - reference|| / ||reference|| for each extracted layer (dim 1, over all tokens):
+    how far another format's states are from the full-precision ones."""
+    ref, diff = reference.float(), other.float() - reference.float()
+    return [float(diff[:, j].norm() / ref[:, j].norm()) for j in range(ref.shape[1])]
+
+
+def manifest_format(manifest: dict) -> str:
+    """The format a shard's or view's manifest records (manifests from before formats: full)."""
+    return manifest.get("format", "full")
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -131,6 +206,7 @@ def validate_hidden_states(
     hidden_size: int,
     *,
     dtype: str | None = None,
+    format: str = "full",
     remove_bad_shards: bool = False,
 ) -> int:
     """Check every dataset row's file (open, token ids, shape, dtype, finite); return the tokens.
@@ -149,7 +225,9 @@ def validate_hidden_states(
     for row, ids in enumerate(rows):
         path = folder / file_name(row)
         try:
-            tokens += validate_hidden_state_file(path, ids, n_layers, hidden_size, row=row, dtype=dtype)
+            tokens += validate_hidden_state_file(
+                path, ids, n_layers, hidden_size, row=row, dtype=dtype, format=format
+            )
         except HiddenStateFileError as err:
             shard = Path(os.path.realpath(path)).parent if path.is_symlink() else None
             bad.append(BadFile(row, path, shard, str(err)))

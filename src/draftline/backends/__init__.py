@@ -39,6 +39,7 @@ class ExtractionRequest:
     dest: Path  # hs_<row>.safetensors land here, each validated
     engine: EngineSettings  # dtype resolved; threads, eager mode, trust_remote_code
     rows_per_call: int = 64  # rows per engine call / per batch
+    format: str = "full"  # hidden_states.format: "full" (the engine dtype) or "fp8" (speculators' FP8 layout)
     options: dict = field(default_factory=dict)  # the backend's own (e.g. batch_tokens)
 
 

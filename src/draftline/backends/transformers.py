@@ -184,7 +184,7 @@ def pad_batch(token_ids: Sequence[Sequence[int]]):
 class HFExtractor:
     """Runs batches through the decoder and hands each row's states to writer threads."""
 
-    def __init__(self, decoder, extracted: Sequence[int], hidden_size: int, dtype: str):
+    def __init__(self, decoder, extracted: Sequence[int], hidden_size: int, dtype: str, format: str = "full"):
         import torch
 
         self.decoder = decoder
@@ -194,6 +194,7 @@ class HFExtractor:
             raise ValueError(f"the last extracted layer must be {self.n}, got {self.extracted}")
         self.hidden_size = hidden_size
         self.dtype = dtype
+        self.format = format  # hidden_states.format
         # A batch enters where the embeddings are (with a device map, the first GPU); the
         # captured layers are gathered there (`forward`).
         self.device = decoder.get_input_embeddings().weight.device
@@ -241,17 +242,20 @@ class HFExtractor:
         return host, event
 
 
-def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden: int, row: int, dtype: str) -> int:
+def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden: int, row: int, dtype: str,
+               format: str = "full") -> int:  # fmt: skip
     import torch
     from safetensors.torch import save_file
 
     tmp = path.with_name(path.name + ".tmp")
-    save_file(
-        {"hidden_states": states.contiguous(), "token_ids": torch.as_tensor(list(ids), dtype=torch.long)},
-        str(tmp),
-    )
+    tensors = {"hidden_states": states.contiguous(), "token_ids": torch.as_tensor(list(ids), dtype=torch.long)}
+    if format == "fp8":  # speculators' own quantizer and layout, as its FP8 connector writes them
+        from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+
+        tensors["hidden_states"], tensors[SCALES_KEY] = quantize_tensor_to_fp8(tensors["hidden_states"])
+    save_file(tensors, str(tmp))
     # The same check the vLLM path runs on every file before it is staged.
-    tokens = validate_hidden_state_file(tmp, ids, extracted_n, hidden, row=row, dtype=dtype)
+    tokens = validate_hidden_state_file(tmp, ids, extracted_n, hidden, row=row, dtype=dtype, format=format)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return tokens
@@ -278,7 +282,7 @@ def run_batches(
             for b, r in enumerate(batch):
                 n = lengths[r]
                 _write_row(dest_dir / file_name(r), host[b, :n], ids_by_row[r], len(extractor.extracted),
-                           extractor.hidden_size, r, extractor.dtype)
+                           extractor.hidden_size, r, extractor.dtype, extractor.format)
                 with lock:
                     done["rows"] += 1
                     done["tokens"] += n
@@ -331,7 +335,7 @@ class TransformersBackend:
         decoder = load_decoder(request.target_dir, engine.dtype, device, engine.trust_remote_code, placement=placement)
         load_s = time.perf_counter() - t0
         log.info("transformers decoder ready on %s in %.1f s", device, load_s)
-        extractor = HFExtractor(decoder, request.extracted, request.hidden_size, engine.dtype)
+        extractor = HFExtractor(decoder, request.extracted, request.hidden_size, engine.dtype, request.format)
         t1 = time.perf_counter()
         tokens = run_batches(
             extractor, request.rows, request.token_ids, request.dest,

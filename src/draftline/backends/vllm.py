@@ -3,8 +3,9 @@
 The engine runs each row as a prompt with max_tokens=1; its KV connector writes the captured
 layers of every token to a safetensors file in a scratch folder (a `.lock` beside it is held
 until the write ends). Each file is validated and moved to the request's `dest`. On CUDA the
-stock `ExampleHiddenStatesConnector` writes; on CPU `CPUHiddenStatesConnector` (the stock one
-without pinned memory and CUDA streams).
+stock `ExampleHiddenStatesConnector` writes (format fp8: speculators' `FP8HiddenStatesConnector`);
+on CPU `CPUHiddenStatesConnector` (the stock one without pinned memory and CUDA streams; format
+fp8: `CPUFP8HiddenStatesConnector`, the same copy with speculators' FP8 writer).
 """
 
 from __future__ import annotations
@@ -29,15 +30,27 @@ log = logging.getLogger(__name__)
 CPU_CONNECTOR = "CPUHiddenStatesConnector"
 CPU_CONNECTOR_MODULE = "draftline.backends.vllm_cpu_connector"
 CUDA_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's stock connector
+# hidden_states.format fp8: speculators' connector (hs-connectors), and its CPU twin here
+CPU_FP8_CONNECTOR = "CPUFP8HiddenStatesConnector"
+CUDA_FP8_CONNECTOR = "FP8HiddenStatesConnector"
+CUDA_FP8_CONNECTOR_MODULE = "hs_connectors.fp8_hidden_states_connector"
 
 
-def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path) -> dict:
+def connector(format: str = "full", cuda: bool | None = None) -> dict:
+    """The kv_transfer_config entries naming the connector that writes `format` files."""
+    cuda = has_cuda() if cuda is None else cuda
+    if format not in ("full", "fp8"):
+        raise ValueError(f"hidden_states.format {format!r}: expected full or fp8")
+    if cuda:
+        if format == "fp8":
+            return {"kv_connector": CUDA_FP8_CONNECTOR, "kv_connector_module_path": CUDA_FP8_CONNECTOR_MODULE}
+        return {"kv_connector": CUDA_CONNECTOR}
+    name = CPU_FP8_CONNECTOR if format == "fp8" else CPU_CONNECTOR
+    return {"kv_connector": name, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
+
+
+def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path, format: str = "full") -> dict:
     """`vllm.LLM` keyword arguments that turn generation into hidden-state extraction."""
-    connector = (
-        {"kv_connector": CUDA_CONNECTOR}
-        if has_cuda()
-        else {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
-    )
     return {
         "speculative_config": {
             "method": "extract_hidden_states",
@@ -45,7 +58,7 @@ def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path) 
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(extracted)}},
         },
         "kv_transfer_config": {
-            **connector,
+            **connector(format),
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
         },
@@ -55,11 +68,12 @@ def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path) 
 class Extractor:
     """Runs rows through an extraction engine; each validated file lands in `dest_dir`."""
 
-    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str):
+    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str, format: str = "full"):
         self.llm = llm
         self.n_layers = n_layers
         self.hidden_size = hidden_size
         self.dtype = dtype
+        self.format = format
         self.generate_s = self.files_s = 0.0
 
     def generate(self, token_ids: Sequence[Sequence[int]]):
@@ -90,7 +104,7 @@ class Extractor:
                 )
             _wait_for_write(path)
             tokens += validate_hidden_state_file(
-                path, ids, self.n_layers, self.hidden_size, row=row, dtype=self.dtype
+                path, ids, self.n_layers, self.hidden_size, row=row, dtype=self.dtype, format=self.format
             )
             os.chmod(path, 0o644)  # safetensors writes 0600; the files are shared data
             os.replace(path, dest_dir / file_name(row))
@@ -161,11 +175,11 @@ class VllmBackend:
         llm = target_llm(
             request.target_dir, settings, enable_prefix_caching=False,
             gpu_memory_utilization=request.options.get("gpu_memory_utilization", 0.85),
-            **extraction_engine_kwargs(request.extracted, scratch),
+            **extraction_engine_kwargs(request.extracted, scratch, request.format),
         )  # fmt: skip
         load_s = time.perf_counter() - t0
         log.info("engine ready in %.1f s", load_s)
-        extractor = Extractor(llm, len(request.extracted), request.hidden_size, settings.dtype)
+        extractor = Extractor(llm, len(request.extracted), request.hidden_size, settings.dtype, request.format)
         t1 = time.perf_counter()
         try:
             tokens = run_chunks(extractor, request.rows, request.token_ids, request.dest, request.rows_per_call)

@@ -6,8 +6,12 @@ backend" on CPU). On CPU the cache already lives in host memory, so this subclas
 rows synchronously and hands the stock writer thread a completed "event". Everything else
 (scheduler bookkeeping, `.lock` files, file naming, the writer pool) is the stock code.
 
-Loaded by vLLM with `"kv_connector": "CPUHiddenStatesConnector",
-"kv_connector_module_path": "draftline.vllm_cpu_connector"`.
+speculators' `FP8HiddenStatesConnector` (hs-connectors) is a subclass of the stock connector
+that overrides only the writer (`_write_tensors`: per-token FP8 quantization), so it inherits the
+same CUDA-only copy; `CPUFP8HiddenStatesConnector` combines this class's copy with its writer.
+
+Loaded by vLLM with `"kv_connector": "CPUHiddenStatesConnector"` (or
+`"CPUFP8HiddenStatesConnector"`), `"kv_connector_module_path": "draftline.backends.vllm_cpu_connector"`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 from functools import partial
 
 import torch
+from hs_connectors.fp8_hidden_states_connector import FP8HiddenStatesConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
@@ -63,3 +68,7 @@ class CPUHiddenStatesConnector(ExampleHiddenStatesConnector):
         self._req_copy_events[pending.req_id] = done
         self._req_futures[pending.req_id] = future
         future.add_done_callback(partial(self._on_write_done, pending.req_id))
+
+
+class CPUFP8HiddenStatesConnector(CPUHiddenStatesConnector, FP8HiddenStatesConnector):
+    """speculators' FP8 connector on CPU: the synchronous copy above, speculators' FP8 writer."""
