@@ -73,7 +73,11 @@ def _set_gpus(step):
 def _train_gpus():
     """GPUs the train rule asks for (its `gpu` resource as a profile or --set-resources sets it)."""
     gpus = _set_gpus("train")
-    return gpus if isinstance(gpus, int) else 1  # an expression: checked in the job
+    return gpus if isinstance(gpus, int) else TRAIN_GPUS  # an expression: checked in the job
+
+
+# The train rule's default: one GPU for the Trainer, plus the online hidden-state server's.
+TRAIN_GPUS = 1 + (config["hidden_states"]["online_server_gpus"] if config["hidden_states"]["mode"] == "online" else 0)
 
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
@@ -180,6 +184,8 @@ def hidden_state_shards():
 
 
 PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+ONLINE = config["hidden_states"]["mode"] == "online"  # no hidden-state files: no disk plot
+PLOTS = [p for p in PLOTS if not (ONLINE and p == "hidden_states_disk")]
 
 
 def report_plots():
@@ -224,6 +230,10 @@ def _hidden_state_disk_use():
     """While shards are still to extract: print the expected disk use (the rule's estimate, or
     one from the tokenized summary) and hold it to hidden_states.max_disk_gb, which may have
     changed since the rule ran (the limit is not a param, so changing it re-extracts nothing)."""
+    if config["hidden_states"]["mode"] == "online":
+        print("draftline: hidden_states.mode online: no hidden-state files (the train job's vLLM server makes "
+              "each sample's states on demand; the Trainer deletes each file once loaded)", file=sys.stderr)
+        return
     if all(Path(d).exists() for d in hidden_state_shards()):
         return
     estimate = Path("results/hidden_states/disk_estimate.json")

@@ -154,6 +154,11 @@ def resolve_optimizer(requested: str, cuda: bool) -> str:
     return requested
 
 
+def _online_server_gpus(config: dict) -> int:
+    hidden = config.get("hidden_states", {})
+    return hidden.get("online_server_gpus", 1) if hidden.get("mode") == "online" else 0
+
+
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
     """The settings jobs would otherwise resolve themselves, per concern (engine, train), by
     the same rules they use (engine.dtype_for/enforce_eager_for, resolve_optimizer/resolve_num_workers)."""
@@ -171,7 +176,8 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
             "device": device,
             "optimizer": resolve_optimizer(train["optimizer"], cuda),
             "num_workers": resolve_num_workers(train["num_workers"], cuda),
-            "world_size": max(1, int(train_gpus)) if cuda else 1,
+            # online hidden states: the server's GPUs are the train job's too (hidden_states.online_server_gpus)
+            "world_size": max(1, int(train_gpus) - _online_server_gpus(config)) if cuda else 1,
         },
     }
 
