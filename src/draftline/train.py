@@ -454,7 +454,7 @@ def train(
         )
     world_size = (len(trainer_devices) if trainer_devices else min(gpus, torch.cuda.device_count())) if cuda else 1
     optimizer = resolve_optimizer(settings.optimizer, cuda)
-    num_workers = resolve_num_workers(settings.num_workers, cuda)
+    num_workers = resolve_num_workers(settings.num_workers, cuda, source.online)
     if settings.fsdp and not cuda:
         log.warning("train.fsdp is set but training runs on the CPU: ignored (FSDP shards across GPUs)")
     fsdp = settings.fsdp and cuda
