@@ -492,7 +492,10 @@ def train(
         )  # fmt: skip
         command = launch_command(args, cuda, world_size)
         log.info("running: %s", " ".join(command))
-        run_trainer(command, _child_env(trainer_threads, metrics_path, trainer_devices))
+        env = _child_env(trainer_threads, metrics_path, trainer_devices)
+        if endpoint:
+            env["DRAFTLINE_HS_LOCK_TIMEOUT_S"] = str(source.ready_timeout_s)  # train_entry.patch_lock_wait
+        run_trainer(command, env)
 
     started = time.monotonic()
     server_record = None
