@@ -1,17 +1,16 @@
-"""Online vs offline hidden states on the embedded default: wall time, training tokens/s,
-validation loss, acceptance on the test split, side by side.
+"""Online vs offline hidden states on the embedded default, step by step: the same batches
+(same data, seed and sampler), so each training step of the online run is paired with the
+offline run's step of the same global_step.
 
-    python benchmarks/online_hidden_states.py ONLINE_WORKDIR OFFLINE_WORKDIR \
-        --command "CMD" --out benchmarks/results/online_hidden_states [--loadavg LOG]
+    python benchmarks/online_hidden_states.py ONLINE_RUN_DIR OFFLINE_RUN_DIR \
+        --command "CMD" --out benchmarks/results/online_hidden_states [--loadavg LOG] [--note TEXT]
 
-ONLINE_WORKDIR: a run with hidden_states.mode online (its train + evaluate jobs ran);
-OFFLINE_WORKDIR: the offline run it was copied from (same prompts, answers, tokenized data,
-vocab maps, config; its hidden-state shards, training and evaluation). Each side's figures come
-from its own files: results/benchmarks/*.tsv (Snakemake's per-job wall time),
-results/checkpoint/final/draftline_provenance.json (throughput: tokens over the seconds of the
-Trainer's steps, fetch of the hidden states included; validation loss per epoch) and
-results/eval/acceptance.json (test split, per-prompt bootstrap). LOG: "epoch-seconds load1 ..."
-lines sampled during the online run.
+RUN_DIR: a training run folder (results/checkpoint/runs/<key>/) holding speculators' metrics
+(metrics.jsonl, one record per step: loss, step/fetch/forward/backward ms, tokens/s). Only the
+last attempt's steps count (a folder's file also holds attempts that were stopped). Per side:
+tokens and seconds over the paired steps, tokens/s over all of them, the compute-only rate
+(forward + backward + optimizer), the share of step time spent fetching hidden states, and the
+largest loss difference over the paired steps. LOG: "epoch-seconds load1 load5 load15" lines.
 """
 
 from __future__ import annotations
@@ -24,43 +23,29 @@ from datetime import datetime
 from pathlib import Path
 
 
-def _tsv_seconds(path: Path) -> float | None:
-    if not path.is_file():
-        return None
-    lines = path.read_text().splitlines()
-    return round(float(lines[1].split("\t")[0]), 1) if len(lines) > 1 else None
+def last_attempt(run_dir: Path) -> list[dict]:
+    steps = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "train" in r]
+    starts = [i for i, r in enumerate(steps) if r.get("global_step") == 0]
+    return steps[starts[-1]:] if starts else steps
 
 
-def side(workdir: Path) -> dict:
-    results = workdir / "results"
-    bench = results / "benchmarks"
-    final = json.loads((results / "checkpoint/final/draftline_provenance.json").read_text())
-    acceptance = json.loads((results / "eval/acceptance.json").read_text())
-    test = acceptance["sets"]["test"] if "sets" in acceptance else acceptance
-    trained = test["drafts"]["trained"]
-    shards = sorted(bench.glob("hidden_states/shard_*.tsv"))
+def summary(steps: list[dict]) -> dict:
+    tokens = sum(s["profile"]["tokens_per_s"] * s["profile"]["step_ms"] / 1000 for s in steps)
+    step_s = sum(s["profile"]["step_ms"] for s in steps) / 1000
+    fetch_s = sum(s["profile"]["fetch_ms"] for s in steps) / 1000
+    compute_s = sum(s["profile"]["fwd_ms"] + s["profile"]["bwd_ms"] + s["profile"]["opt_ms"] for s in steps) / 1000
+    rates = sorted(s["profile"]["tokens_per_s"] for s in steps)
     return {
-        "workdir": str(workdir),
-        "hidden_states": final.get("hidden_states", {"mode": "offline"}),
-        "seconds": {
-            "hidden_state_shards_sum": round(sum(_tsv_seconds(p) or 0 for p in shards), 1) if shards else 0.0,
-            "hidden_state_shards_max": max((_tsv_seconds(p) or 0 for p in shards), default=0.0),
-            "train": _tsv_seconds(bench / "train.tsv"),
-            "evaluate": _tsv_seconds(bench / "evaluate.tsv"),
-        },
-        "train_threads": final.get("threads"),
-        "num_workers": final.get("num_workers"),
-        "throughput": final.get("throughput"),
-        "val_loss_per_epoch": final.get("val_loss_per_epoch"),
-        "chosen_epoch": final.get("chosen_epoch"),
-        "test": {
-            "prompts": test.get("prompts"),
-            "mean_acceptance_length": trained["mean_acceptance_length"],
-            "bootstrap_95": (trained.get("spread") or {}).get("bootstrap_95"),
-            "acceptance_per_position": trained["acceptance_per_position"],
-            "untrained_mean_acceptance_length": test["drafts"].get("untrained", {}).get("mean_acceptance_length"),
-        },
-        "commit": (json.loads((results / "checkpoint/final/provenance.json").read_text()).get("workflow") or {}).get("commit"),
+        "steps": len(steps),
+        "tokens": round(tokens),
+        "step_seconds": round(step_s, 1),
+        "tokens_per_s": round(tokens / step_s, 1) if step_s else None,
+        "median_step_tokens_per_s": round(rates[len(rates) // 2], 1) if rates else None,
+        "fetch_seconds": round(fetch_s, 1),
+        "fetch_share": round(fetch_s / step_s, 3) if step_s else None,
+        "compute_tokens_per_s": round(tokens / compute_s, 1) if compute_s else None,
+        "first_step_time": steps[0]["time"] if steps else None,
+        "last_step_time": steps[-1]["time"] if steps else None,
     }
 
 
@@ -82,53 +67,49 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--loadavg", type=Path)
     parser.add_argument("--note", default="")
+    parser.add_argument("--extra", type=Path, help="a JSON file merged into the record (e.g. acceptance figures)")
     args = parser.parse_args()
 
-    online, offline = side(args.online), side(args.offline)
-    train_tsv = args.online / "results/benchmarks/train.tsv"
-    end = train_tsv.stat().st_mtime if train_tsv.exists() else datetime.now().timestamp()
-    evaluate_tsv = args.online / "results/benchmarks/evaluate.tsv"
-    if evaluate_tsv.exists():
-        end = max(end, evaluate_tsv.stat().st_mtime)
-    start = end - (online["seconds"]["train"] or 0) - (online["seconds"]["evaluate"] or 0)
-    versions = json.loads((args.online / "results/checkpoint/final/provenance.json").read_text()).get("versions")
+    online_steps = last_attempt(args.online)
+    offline_by_step = {(s.get("epoch"), s.get("global_step")): s for s in last_attempt(args.offline)}
+    paired = [(s, offline_by_step[(s.get("epoch"), s.get("global_step"))]) for s in online_steps
+              if (s.get("epoch"), s.get("global_step")) in offline_by_step]  # fmt: skip
+    on, off = summary([p[0] for p in paired]), summary([p[1] for p in paired])
+    loss_diff = max((abs(a["train"]["loss"] - b["train"]["loss"]) for a, b in paired), default=None)
     out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     cpu = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
     record = {
         "command": args.command,
         "note": args.note,
-        "versions": versions,
         "machine": {"cpu": cpu, "cores": os.cpu_count()},
-        "load_during_online_run": _load(args.loadavg, start, end),
-        "online": online,
-        "offline": offline,
+        "paired_steps": [[a.get("epoch"), a.get("global_step")] for a, _ in paired],
+        "max_abs_loss_difference": loss_diff,
+        "losses": [[round(a["train"]["loss"], 6), round(b["train"]["loss"], 6)] for a, b in paired],
+        "online": {**on, "run_dir": str(args.online),
+                   "load": _load(args.loadavg, on["first_step_time"] or 0, on["last_step_time"] or 0)},  # fmt: skip
+        "offline": {**off, "run_dir": str(args.offline)},
         "recorded": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
+    if args.extra:
+        record.update(json.loads(args.extra.read_text()))
     path = Path(args.out)
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
 
     def row(name: str, s: dict) -> str:
-        t, sec = s["throughput"] or {}, s["seconds"]
-        hs = sec["hidden_state_shards_max"]
-        total = (sec["train"] or 0) + hs
-        b = s["test"]["bootstrap_95"]
-        losses = " / ".join(f"{float(v):.2f}" for v in (s["val_loss_per_epoch"] or {}).values())
-        return (
-            f"| {name} | {hs:.0f} | {sec['train']:.0f} | {total:.0f} | {t.get('tokens_per_s', 0):.1f} | "
-            f"{t.get('median_step_tokens_per_s', 0):.1f} | {losses} | {s['test']['mean_acceptance_length']:.3f} "
-            f"{'[%.3f, %.3f]' % tuple(b) if b else ''} |"
-        )
+        return (f"| {name} | {s['steps']} | {s['tokens']} | {s['step_seconds']} | {s['tokens_per_s']} | "
+                f"{s['median_step_tokens_per_s']} | {s['fetch_share']} | {s['compute_tokens_per_s']} |")  # fmt: skip
 
-    load = record["load_during_online_run"]
+    load = record["online"]["load"]
     lines = [
-        "| mode | hidden-state jobs s (longest shard) | train job s | hidden states + training s | training tokens/s (all steps) | median step tokens/s | val loss per epoch | test mean acceptance length [95% bootstrap] |",
+        "| mode | paired steps | tokens | seconds of steps | tokens/s | median step tokens/s | fetch share of step time | compute-only tokens/s |",
         "|---|---|---|---|---|---|---|---|",
-        row("offline", offline),
-        row("online", online),
+        row("offline", off),
+        row("online", on),
         "",
-        f"Command: `{args.command}`; online commit {online['commit']}, offline commit {offline['commit']}; "
-        f"machine {cpu} ({os.cpu_count()} cores)"
-        + (f"; 1-minute load during the online run {load['load1_min']}-{load['load1_max']} (median {load['load1_median']})" if load else "")
+        f"Largest training-loss difference over the paired steps: {loss_diff}.",
+        "",
+        f"Command: `{args.command}`; machine {cpu} ({os.cpu_count()} cores)"
+        + (f"; 1-minute load during the online steps {load['load1_min']}-{load['load1_max']} (median {load['load1_median']})" if load else "")
         + ".",
     ]
     if args.note:

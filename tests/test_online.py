@@ -8,6 +8,7 @@ checks that the server went with it, resumes, and loads the final draft in specu
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -142,3 +143,31 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     run_dir = run_dir if run_dir.is_absolute() else run / run_dir
     assert not (run_dir / "online_hidden_states").exists()
     assert not list(run_dir.rglob("*.safetensors.lock"))
+
+
+def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_path, monkeypatch):
+    """A sample's file whose write (its flock) outlasts hs_connectors' own timeout is still read:
+    train_entry raises the wait, in the Trainer and in its spawned loader workers."""
+    import fcntl
+    import pickle
+    import threading
+
+    import hs_connectors.transfer as transfer
+    import speculators.train.dataloader as dataloader
+
+    from draftline import train_entry
+
+    monkeypatch.setattr(transfer, "wait_for_lock", transfer.wait_for_lock)
+    monkeypatch.setattr(dataloader, "_worker_init_fn", dataloader._worker_init_fn)
+    lock = tmp_path / "hs.safetensors.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_WRONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the server's writer holds it until the file is written
+    threading.Timer(1.0, os.close, (fd,)).start()
+    with pytest.raises(TimeoutError):
+        transfer.wait_for_lock(str(lock), timeout=0.2)  # speculators' wait, shortened
+    train_entry.patch_lock_wait(5.0)
+    transfer.wait_for_lock(str(lock), timeout=0.2)  # now waits until the writer lets go
+    assert not lock.exists()
+    train_entry.patch_lock_wait_in_workers()
+    # spawned workers get the init function by reference: it must pickle as draftline's
+    assert pickle.loads(pickle.dumps(dataloader._worker_init_fn)) is train_entry._worker_init
