@@ -86,7 +86,11 @@ def _set_gpus(step):
 def _train_gpus():
     """GPUs the train rule asks for (its `gpu` resource as a profile or --set-resources sets it)."""
     gpus = _set_gpus("train")
-    return gpus if isinstance(gpus, int) else 1  # an expression: checked in the job
+    return gpus if isinstance(gpus, int) else TRAIN_GPUS  # an expression: checked in the job
+
+
+# The train rule's default: one GPU for the Trainer, plus the online hidden-state server's.
+TRAIN_GPUS = 1 + (config["hidden_states"]["online_server_gpus"] if config["hidden_states"]["mode"] == "online" else 0)
 
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
@@ -210,6 +214,8 @@ def shards_read_by_training():
 
 
 PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
+ONLINE = config["hidden_states"]["mode"] == "online"  # no hidden-state files: no disk plot
+PLOTS = [p for p in PLOTS if not (ONLINE and p == "hidden_states_disk")]
 
 
 def report_plots():

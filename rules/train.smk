@@ -12,14 +12,17 @@ rule train:
         d2t=rules.vocab.output.d2t,
         t2d=rules.vocab.output.t2d,
         dataset=rules.tokenize.output.dataset,
-        hidden_states=rules.hidden_states_view.output[0],
-        shards=shards_read_by_training(),  # hidden_states.release_after_training: kept until training is done
+        # offline: the extracted files; online: none (the job's own vLLM server makes them)
+        hidden_states=[] if ONLINE else rules.hidden_states_view.output[0],
+        shards=[] if ONLINE else shards_read_by_training(),  # hidden_states.release_after_training: kept until training is done
         layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:
         directory("results/checkpoint/final"),
     log:
         "logs/train.log",
+        # hidden_states.mode online: the vLLM server the job starts
+        server="logs/train_vllm_server.log",
     benchmark:
         "results/benchmarks/train.tsv"
     conda:
@@ -27,7 +30,8 @@ rule train:
     # torch threads on CPU (AdamW, 1 thread: ~240 tok/s on SmolLM2-135M)
     threads: 2
     resources:
-        gpu=1,
+        # 1, plus hidden_states.online_server_gpus in online mode (the server runs in this job)
+        gpu=TRAIN_GPUS,
     params:
         code=code("train", "train_entry", script="train"),
         train=config["train"],
@@ -39,5 +43,12 @@ rule train:
         planned=RESOLVED["train"],
         versions=versions("speculators", "torch", "transformers"),
         runs_dir="results/checkpoint/runs",
+        # offline, or online with what decides the server's states (hidden_states.online_server_timeout_s
+        # is read from the config: it does not)
+        hidden_states=(
+            {"mode": "online", "server_gpus": config["hidden_states"]["online_server_gpus"],
+             "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"]}
+            if ONLINE else {"mode": "offline"}
+        ),
     script:
         "../scripts/train.py"

@@ -3,18 +3,29 @@
 from draftline.devices import claim_gpus
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.train import TrainInputs, TrainSettings, check_world_size, train
+from draftline.train import HiddenStateSource, TrainInputs, TrainSettings, check_world_size, train
 from draftline.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
+    hidden = snakemake.params.hidden_states
+    online = hidden["mode"] == "online"
+    source = HiddenStateSource(
+        mode=hidden["mode"],
+        **(
+            {"server_gpus": hidden["server_gpus"], "max_seq_len": hidden["max_seq_len"], "dtype": hidden["dtype"],
+             "ready_timeout_s": snakemake.config["hidden_states"]["online_server_timeout_s"],
+             "server_log": snakemake.log.server}
+            if online else {}
+        ),
+    )
     train(
         TrainInputs(
             config_dir=snakemake.input.config,
             dataset=snakemake.input.dataset,
-            hidden_states=snakemake.input.hidden_states,
+            hidden_states=None if online else snakemake.input.hidden_states,
             d2t=snakemake.input.d2t,
             t2d=snakemake.input.t2d,
             layer_ids=snakemake.input.layer_ids,
@@ -27,9 +38,11 @@ if __name__ == "__main__":
         runs_dir=snakemake.params.runs_dir,
         final_dir=snakemake.output[0],
         threads=snakemake.threads,
-        # GPUs the job was given (one torchrun process each); 0 or no CUDA -> CPU
-        gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0))),
+        # GPUs the job was given (one torchrun process each, less the online server's); 0 or no CUDA -> CPU
+        gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0)),
+                              hidden.get("server_gpus", 0) if online else 0),
         trust_remote_code=snakemake.params.trust_remote_code,
         verifier_name=snakemake.params.verifier_name,  # what final/config.json names as the target
+        source=source,
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

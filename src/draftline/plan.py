@@ -145,12 +145,17 @@ def planned_device(setting: str) -> str:
 CUDA_NUM_WORKERS = 4
 
 
-def resolve_num_workers(requested: int | str, cuda: bool) -> int:
+def resolve_num_workers(requested: int | str, cuda: bool, online: bool = False) -> int:
     # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
-    # batch fetch is ~28% of a step without them (docs/gpu.md).
+    # batch fetch is ~28% of a step without them (docs/gpu.md). Online hidden states on CPU:
+    # the workers mostly wait on the server, and with them its requests overlap the steps and
+    # each other (the server batches them); without them the Trainer idles while it waits.
     if requested == "auto":
-        return CUDA_NUM_WORKERS if cuda else 0
+        return CUDA_NUM_WORKERS if cuda else (ONLINE_CPU_NUM_WORKERS if online else 0)
     return int(requested)
+
+
+ONLINE_CPU_NUM_WORKERS = 2
 
 
 def resolve_optimizer(requested: str, cuda: bool) -> str:
@@ -158,6 +163,11 @@ def resolve_optimizer(requested: str, cuda: bool) -> str:
     if requested == "auto":
         return "muon" if cuda else "adamw"
     return requested
+
+
+def _online_server_gpus(config: dict) -> int:
+    hidden = config.get("hidden_states", {})
+    return hidden.get("online_server_gpus", 1) if hidden.get("mode") == "online" else 0
 
 
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
@@ -176,8 +186,11 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
         "train": {
             "device": device,
             "optimizer": resolve_optimizer(train["optimizer"], cuda),
-            "num_workers": resolve_num_workers(train["num_workers"], cuda),
-            "world_size": max(1, int(train_gpus)) if cuda else 1,
+            "num_workers": resolve_num_workers(
+                train["num_workers"], cuda, config.get("hidden_states", {}).get("mode") == "online"
+            ),
+            # online hidden states: the server's GPUs are the train job's too (hidden_states.online_server_gpus)
+            "world_size": max(1, int(train_gpus) - _online_server_gpus(config)) if cuda else 1,
         },
     }
 

@@ -10,6 +10,13 @@ one; once final/ is published, the run folders of earlier settings are removed u
 non-best epochs, so a resume would repeat them); `checkpoint_best` marks the lowest
 validation loss. The chosen epoch (best validation loss, or the last one with
 train_fraction 1.0) is copied to `final/` in one rename, with provenance.
+
+Hidden states come from the extracted files (`hidden_states.mode: offline`), or, online, from a
+vLLM server this job starts for the target (`backends.vllm_server`): the Trainer runs with
+`--on-missing generate` against it and the server is stopped when training ends or fails. On
+CUDA the server takes the first `hidden_states.online_server_gpus` of the job's GPUs and the
+Trainer the rest; on CPU each gets half the job's threads. The run key then holds the server's
+settings in place of the files' fingerprint.
 """
 
 from __future__ import annotations
@@ -78,11 +85,27 @@ class TrainSettings:
 class TrainInputs:
     config_dir: Path
     dataset: Path
-    hidden_states: Path
+    hidden_states: Path | None  # None in online mode
     d2t: Path
     t2d: Path
     layer_ids: Path
     target: str
+
+
+@dataclass(frozen=True)
+class HiddenStateSource:
+    """Where the Trainer's hidden states come from (`hidden_states.mode` and the online keys)."""
+
+    mode: str = default("hidden_states", "mode")  # offline | online
+    server_gpus: int = default("hidden_states", "online_server_gpus")
+    ready_timeout_s: float = default("hidden_states", "online_server_timeout_s")
+    max_seq_len: int = default("tokenize", "max_seq_len")  # the server's max_model_len - 1
+    dtype: str = "auto"  # the planned engine dtype
+    server_log: str = "logs/train_vllm_server.log"
+
+    @property
+    def online(self) -> bool:
+        return self.mode == "online"
 
 
 # Settings that do not change the training trajectory: a retry after changing them resumes.
@@ -97,8 +120,10 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: cannot read JSON ({err})") from err
 
 
-def check_inputs(inputs: TrainInputs) -> dict:
-    """Check that the inputs fit together before spending time; return what training needs."""
+def check_inputs(inputs: TrainInputs, online_dtype: str | None = None) -> dict:
+    """Check that the inputs fit together before spending time; return what training needs.
+
+    `online_dtype`: the server's dtype in online mode (no hidden-state files to check)."""
     import numpy as np
     from datasets import load_from_disk
     from safetensors import safe_open
@@ -133,6 +158,15 @@ def check_inputs(inputs: TrainInputs) -> dict:
         rows = len(load_from_disk(str(inputs.dataset)))
     except Exception as err:
         raise ValueError(f"{inputs.dataset}: cannot open the tokenized dataset ({err})") from err
+    if online_dtype is not None:
+        if online_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"target.dtype {online_dtype}: the online server would make {online_dtype} hidden states; "
+                "speculators trains on float32 or bfloat16 ones: set target.dtype"
+            )
+        # the server's connector writes full-precision files (hidden_states.format is offline's)
+        return {"rows": rows, "hidden_states_dtype": online_dtype, "hidden_states_format": "full", "aux": aux,
+                "draft_vocab_size": draft_vocab, "algorithm": algorithm, "facts": facts}  # fmt: skip
     missing = [i for i in range(rows) if not (Path(inputs.hidden_states) / file_name(i)).exists()]
     if missing:
         raise ValueError(
@@ -173,15 +207,20 @@ def check_inputs(inputs: TrainInputs) -> dict:
 # ---------------------------------------------------------------- run key
 
 
-def input_fingerprints(inputs: TrainInputs) -> dict[str, str]:
-    """Each input's `content_hash.fingerprint` (content, or stat for the big hidden states)."""
+def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[str, str]:
+    """Each input's `content_hash.fingerprint` (content, or stat for the big hidden states); in
+    online mode the server's settings stand for the hidden states (the target is already here)."""
+    hidden = (
+        hashlib.sha256(json.dumps({"online": server}, sort_keys=True).encode()).hexdigest() if server is not None
+        else digest(fingerprint(inputs.hidden_states, limit=0))
+    )  # fmt: skip
     return {
         "config": digest(fingerprint(Path(inputs.config_dir) / "config.json")),
         "d2t": digest(fingerprint(inputs.d2t)),
         "t2d": digest(fingerprint(inputs.t2d)),
         "layer_ids": digest(fingerprint(inputs.layer_ids)),
         "dataset": digest(fingerprint(inputs.dataset)),
-        "hidden_states": digest(fingerprint(inputs.hidden_states, limit=0)),
+        "hidden_states": hidden,
         "target": digest(fingerprint(inputs.target)) if Path(inputs.target).exists() else str(inputs.target),
     }
 
@@ -290,7 +329,10 @@ def speculators_args(
     inputs: TrainInputs, settings: TrainSettings, run_dir: Path, hs_dtype: str, optimizer: str,
     aux: list[int], rows: int, draft_vocab: int, num_workers: int = 0, fsdp: bool = False,
     trust_remote_code: bool = False, algorithm: str = "eagle3", hs_format: str = "full",
+    vllm_endpoint: str | None = None,
 ) -> list[str]:  # fmt: skip
+    """speculators' train flags; with `vllm_endpoint` the Trainer asks that server for every
+    sample's hidden states (`inputs.hidden_states` is then the server's scratch folder)."""
     algorithm = algorithms.get(algorithm)
     fraction = settings.train_fraction
     if fraction >= 1.0:
@@ -315,7 +357,9 @@ def speculators_args(
         "--hidden-states-dtype", hs_dtype,
         # speculators' reader for the files' format (fp8: its FP8Transfer dequantizes them)
         "--hidden-states-backend", TRAINER_BACKEND[hs_format],
-        "--on-missing", "raise",  # never ask a vLLM server for missing hidden states
+        # offline: never ask a vLLM server for missing hidden states; online: always
+        *(["--on-missing", "generate", "--vllm-endpoint", vllm_endpoint] if vllm_endpoint
+          else ["--on-missing", "raise"]),
         "--epochs", str(settings.epochs),
         "--lr", repr(float(settings.lr)),
         "--optimizer", optimizer,
@@ -344,7 +388,7 @@ def launch_command(args: list[str], cuda: bool, gpus: int) -> list[str]:
     return [sys.executable, "-m", "draftline.train_entry", *args]
 
 
-def _child_env(threads: int, metrics_path: Path) -> dict:
+def _child_env(threads: int, metrics_path: Path, devices: list[str] | None = None) -> dict:
     import draftline
 
     src = str(Path(draftline.__file__).resolve().parents[1])
@@ -358,6 +402,8 @@ def _child_env(threads: int, metrics_path: Path) -> dict:
     # progress bars (transformers' "Writing model shards") redraw into the log; the
     # `[draftline] step N/M` lines say where training is
     env["TQDM_DISABLE"] = "1"
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return env
 
 
@@ -426,15 +472,46 @@ def _forward_sigterm(proc: subprocess.Popen):
         signal.signal(signal.SIGTERM, previous)
 
 
-def check_world_size(planned: dict, gpus: int) -> int:
-    """The job's GPU count, which must be the world size the plan resolved (it is a param)."""
-    if planned.get("device") == "cuda" and gpus != planned["world_size"]:
+def check_world_size(planned: dict, gpus: int, server_gpus: int = 0) -> int:
+    """The job's GPU count, whose Trainer share (all but the online server's `server_gpus`) must
+    be the world size the plan resolved (it is a param)."""
+    if planned.get("device") == "cuda" and gpus - server_gpus != planned["world_size"]:
         raise ValueError(
-            f"this training job was given {gpus} GPU(s) but planned for world size "
-            f"{planned['world_size']}: set the train rule's gpu resource where the plan reads it "
-            "(the profile's set-resources, or --set-resources train:gpu=N) as a plain number"
+            f"this training job was given {gpus} GPU(s)"
+            + (f", {server_gpus} of them for the online hidden-state server," if server_gpus else "")
+            + f" but planned for world size {planned['world_size']}: set the train rule's gpu resource "
+            "where the plan reads it (the profile's set-resources, or --set-resources train:gpu=N) as a "
+            "plain number"
         )
     return gpus
+
+
+def split_devices(devices: list[str], server_gpus: int) -> tuple[list[str], list[str]]:
+    """Online mode on CUDA: the first `server_gpus` devices for the server, the rest for the Trainer."""
+    if len(devices) <= server_gpus:
+        raise ValueError(
+            f"hidden_states.mode online: the train job has {len(devices)} GPU(s) "
+            f"({','.join(devices) or 'none'}) but the server takes hidden_states.online_server_gpus = "
+            f"{server_gpus} and the Trainer needs at least one more: give the train rule "
+            f"gpu={server_gpus + 1} or more (--set-resources train:gpu=N), or lower online_server_gpus"
+        )
+    return devices[:server_gpus], devices[server_gpus:]
+
+
+def split_threads(threads: int) -> tuple[int, int]:
+    """Online mode on CPU: (server, Trainer) threads, half each, at least one each."""
+    server = max(1, threads // 2)
+    return server, max(1, threads - server)
+
+
+def _exit_on_sigterm() -> None:
+    """A terminated job (Snakemake, Slurm) unwinds: the Trainer and the server are stopped."""
+    if threading.current_thread() is threading.main_thread():
+
+        def handler(signum, frame):
+            raise SystemExit(f"terminated by signal {signum}")
+
+        signal.signal(signal.SIGTERM, handler)
 
 
 def train(
@@ -446,22 +523,57 @@ def train(
     gpus: int = 0,
     trust_remote_code: bool = False,
     verifier_name: str | None = None,
+    source: HiddenStateSource = HiddenStateSource(),
 ) -> Path:
     """Train (or resume) and publish `final_dir`; return it. `verifier_name` replaces the
     target's local path in final/config.json (None keeps the path)."""
     import torch
 
+    from draftline.devices import visible_gpus
+    from draftline.engine import dtype_for, enforce_eager_for
+
     cuda = torch.cuda.is_available() and gpus > 0
     if gpus > 0 and not torch.cuda.is_available():
         log.info("no CUDA here (the job was given %d GPU(s)): training on the CPU", gpus)
-    world_size = min(gpus, torch.cuda.device_count()) if cuda else 1
+    server_devices = trainer_devices = None
+    trainer_threads = threads
+    server = None
+    if source.online:
+        _exit_on_sigterm()
+        if cuda:
+            server_devices, trainer_devices = split_devices(visible_gpus()[:gpus], source.server_gpus)
+            log.info("online hidden states: server on GPU(s) %s, Trainer on GPU(s) %s",
+                     ",".join(server_devices), ",".join(trainer_devices))  # fmt: skip
+            server_threads = 1
+        else:
+            server_threads, trainer_threads = split_threads(threads)
+            log.info("online hidden states on CPU: server %d thread(s), Trainer %d", server_threads, trainer_threads)
+        from draftline.backends.vllm_server import ServerSettings
+
+        server = ServerSettings(
+            target_dir=str(inputs.target),
+            extracted=tuple(layer_ids.read(inputs.layer_ids).extracted),
+            max_model_len=source.max_seq_len + 1,  # the row plus the one generated token
+            dtype=dtype_for(source.dtype, cuda),
+            enforce_eager=enforce_eager_for("auto", cuda),
+            cuda=cuda,
+            threads=server_threads,
+            tensor_parallel_size=len(server_devices) if server_devices else 1,
+            trust_remote_code=trust_remote_code,
+        )
+    world_size = (len(trainer_devices) if trainer_devices else min(gpus, torch.cuda.device_count())) if cuda else 1
     optimizer = resolve_optimizer(settings.optimizer, cuda)
-    num_workers = resolve_num_workers(settings.num_workers, cuda)
+    num_workers = resolve_num_workers(settings.num_workers, cuda, source.online)
     if settings.fsdp and not cuda:
         log.warning("train.fsdp is set but training runs on the CPU: ignored (FSDP shards across GPUs)")
     fsdp = settings.fsdp and cuda
-    facts = check_inputs(inputs)
-    fingerprints = input_fingerprints(inputs)
+    facts = check_inputs(inputs, server.dtype if server else None)
+    # what decides the server's states (its thread count, memory and port do not)
+    server_key = (
+        {k: v for k, v in server.record().items() if k not in ("threads", "gpu_memory_utilization", "kv_cache_gib")}
+        if server else None
+    )  # fmt: skip
+    fingerprints = input_fingerprints(inputs, server_key)
     key = run_key(replace(settings, fsdp=fsdp), optimizer, world_size, fingerprints)
     run_dir = Path(runs_dir) / key
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -474,20 +586,41 @@ def train(
     log.info(
         "run %s: %d rows, %s hidden states (format %s), optimizer %s, %s, %s",
         key, facts["rows"], facts["hidden_states_dtype"], facts["hidden_states_format"], optimizer,
-        f"{world_size} GPU process(es)" if cuda else f"CPU with {threads} thread(s)",
+        f"{world_size} GPU process(es)" if cuda else f"CPU with {trainer_threads} thread(s)",
         describe_start(run_dir, settings.epochs),
     )  # fmt: skip
 
     metrics_path = run_dir / "metrics.jsonl"
-    args = speculators_args(
-        inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
-        facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp, trust_remote_code,
-        facts["algorithm"].name, facts["hidden_states_format"],
-    )  # fmt: skip
-    command = launch_command(args, cuda, world_size)
-    log.info("running: %s", " ".join(command))
+
+    def run(run_inputs: TrainInputs, endpoint: str | None = None) -> None:
+        args = speculators_args(
+            run_inputs, settings, run_dir, facts["hidden_states_dtype"], optimizer,
+            facts["aux"], facts["rows"], facts["draft_vocab_size"], num_workers, fsdp, trust_remote_code,
+            facts["algorithm"].name, facts["hidden_states_format"], vllm_endpoint=endpoint,
+        )  # fmt: skip
+        command = launch_command(args, cuda, world_size)
+        log.info("running: %s", " ".join(command))
+        env = _child_env(trainer_threads, metrics_path, trainer_devices)
+        if endpoint:
+            env["DRAFTLINE_HS_LOCK_TIMEOUT_S"] = str(source.ready_timeout_s)  # train_entry.patch_lock_wait
+        run_trainer(command, env)
     started = time.monotonic()
-    run_trainer(command, _child_env(threads, metrics_path))
+    server_record = None
+    if server is not None:
+        from draftline.backends.vllm_server import VllmServer
+
+        # the server writes each sample's file here; the Trainer reads and deletes it
+        scratch = run_dir / "online_hidden_states"
+        shutil.rmtree(scratch, ignore_errors=True)
+        with VllmServer(server, scratch, source.server_log, source.ready_timeout_s, server_devices) as running:
+            run(replace(inputs, hidden_states=scratch), running.endpoint)
+            ready_s = running.ready_s
+        shutil.rmtree(scratch, ignore_errors=True)
+        server_record = {"mode": "online", "server": server.record(), "server_ready_s": ready_s,
+                         "server_log": str(source.server_log),
+                         "server_devices": server_devices, "trainer_devices": trainer_devices}  # fmt: skip
+    else:
+        run(inputs)
     log.info("trainer finished in %.1f s", time.monotonic() - started)
 
     losses = metrics.val_losses(metrics_path)
@@ -528,9 +661,13 @@ def train(
             "fsdp": fsdp,
             "world_size": world_size,
             "device": "cuda" if cuda else "cpu",
-            "threads": threads,
+            "threads": trainer_threads,
             "hidden_states_dtype": facts["hidden_states_dtype"],
             "hidden_states_format": facts["hidden_states_format"],
+            # offline: the files (their fingerprint is under inputs); online: the target (its
+            # fingerprint under inputs) and the server that made them
+            "hidden_states": server_record or {"mode": "offline", "path": str(inputs.hidden_states)},
+            "wall_s": round(time.monotonic() - started, 1),
             "rows": facts["rows"],
             "throughput": throughput,
             "inputs": fingerprints,

@@ -10,6 +10,12 @@ after three narrow additions:
   `torch.accelerator.synchronize()`, and its checkpointer loads a resumed checkpoint onto
   `get_current_device()` ("cuda:0" without an accelerator).
 - torch intra-op threads = $DRAFTLINE_TORCH_THREADS (the job's threads).
+- online hidden states ($DRAFTLINE_HS_LOCK_TIMEOUT_S set): hs_connectors' `wait_for_lock`, which
+  the file transfer calls before reading each sample the server wrote, waits that long instead
+  of its fixed 10 s. vLLM's connector holds the file's lock until the write ends and drops it
+  when its process dies, so a longer wait cannot hang on a dead server; on a loaded CPU machine
+  the write took longer than 10 s for 10 of 61 samples, each then recomputed ("Timed out
+  waiting for lock").
 - every metrics record speculators logs (per step: loss, tokens/s; per epoch: val loss) is
   appended as one JSON line to $DRAFTLINE_METRICS_PATH (rank 0), and summarised as
   progress lines on stdout (`step N/M`, epochs counted from 1, the time left); speculators'
@@ -55,6 +61,33 @@ def apply_cpu_shims() -> None:
         return real_synchronize(device)
 
     torch.accelerator.synchronize = synchronize
+
+
+def patch_lock_wait(timeout_s: float) -> None:
+    """Wait up to `timeout_s` for each sample's write lock (see the module docstring)."""
+    import hs_connectors.transfer as transfer
+
+    real = transfer.wait_for_lock
+
+    def wait_for_lock(lock_path, timeout=10.0, poll_interval=0.1):
+        return real(lock_path, timeout=max(float(timeout), timeout_s), poll_interval=poll_interval)
+
+    transfer.wait_for_lock = wait_for_lock
+
+
+def _worker_init(worker_id: int) -> None:
+    """speculators' loader-worker init, then the lock wait (a spawned worker imports afresh)."""
+    import speculators.train.dataloader as dataloader
+
+    dataloader._worker_init_fn(worker_id)  # in the worker: speculators' own (unpatched import)
+    patch_lock_wait(float(os.environ["DRAFTLINE_HS_LOCK_TIMEOUT_S"]))
+
+
+def patch_lock_wait_in_workers() -> None:
+    """The loader's workers are spawned: they get the patch through their init function."""
+    import speculators.train.dataloader as dataloader
+
+    dataloader._worker_init_fn = _worker_init
 
 
 def _progress(line: str) -> None:
@@ -235,6 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     recorder = install_metrics_recorder(os.environ.get("DRAFTLINE_METRICS_PATH"))
     install_step_counts(recorder)
     ignore_repeated_sigterm()
+    if os.environ.get("DRAFTLINE_HS_LOCK_TIMEOUT_S"):
+        patch_lock_wait(float(os.environ["DRAFTLINE_HS_LOCK_TIMEOUT_S"]))
+        patch_lock_wait_in_workers()
 
     from speculators.train.cli import main as speculators_main
     from speculators.train.config import TrainConfig

