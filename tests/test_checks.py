@@ -54,6 +54,7 @@ def test_shipped_config_fits_the_embedded_target():
         ({"vocab": {"draft_vocab_size": 513}}, "vocab.draft_vocab_size", r"513 .*vocabulary of 512 .*at most 512"),
         ({"tokenize": {"max_seq_len": 1025}}, "tokenize.max_seq_len", r"1025 .*maximum of 1024 .*at most 1024"),
         ({"hidden_states": {"shards": 5}, "prompts": {"max_samples": 4}}, "hidden_states.shards", r"prompts.max_samples = 4"),
+        ({"hidden_states": {"mode": "online", "format": "fp8"}}, "hidden_states.format", r"fp8 .*mode = online.*stores none"),
     ],
 )
 def test_config_beyond_the_target_names_the_key(changes, key, hint):

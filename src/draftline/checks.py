@@ -81,6 +81,12 @@ def check_config(config: dict, shape: TargetShape | None, device: str | None = N
     """
     check_parallel(config["target"], config["hidden_states"].get("backend", "vllm"), device, shape)
     hs = config["hidden_states"]
+    if hs.get("mode") == "online" and hs.get("format", "full") != "full":
+        raise ConfigError(
+            f"hidden_states.format = {hs['format']} with hidden_states.mode = online: the format is how "
+            "offline hidden-state files are stored, and online mode stores none (its server's files are "
+            "read once and deleted); drop hidden_states.format, or set hidden_states.mode: offline"
+        )
     shards, max_samples = hs["shards"], config["prompts"]["max_samples"]
     if max_samples is not None and shards > max_samples:
         raise ConfigError(
