@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from regeneration_memory import synthetic  # noqa: E402
 
 from draftline.testing.tiny_model import build_tiny_model  # noqa: E402
 from workflow import REPO, SNAKEMAKE, fake_finished_run, planned_jobs, snakemake, write_config  # noqa: E402
