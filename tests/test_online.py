@@ -101,7 +101,7 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     from test_resume import assert_locked_then_unlock, kill_when, start
 
     run = copy_run(tiny_run, tmp_path / "run")
-    epochs = 3
+    epochs = 2
     write_config(run, _online_config(yaml.safe_load((run / "config.yaml").read_text()), epochs))
     # the hidden states are not needed: they and their jobs drop out of the plan
     assert planned_jobs(run, "results/lineage.json") == AFTER_TRAIN

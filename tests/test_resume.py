@@ -87,7 +87,7 @@ def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Pope
     )  # fmt: skip
 
 
-def kill_when(proc: subprocess.Popen, ready, timeout: float = 900, sig: int = signal.SIGKILL) -> None:
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
@@ -96,7 +96,7 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 900, sig: int = si
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError("the kill point was not reached in time")
         time.sleep(0.02)
-    os.killpg(proc.pid, sig)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
@@ -108,9 +108,7 @@ def assert_locked_then_unlock(workdir: Path, *rerun: str) -> None:
 
 
 @pytest.mark.slow
-# SIGTERM: what Slurm sends every process of a preempted or timed-out job before SIGKILL
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path, sig):
+def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path):
     run = copy_run(tiny_run, tmp_path / "run")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -130,17 +128,14 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     (run / "results/lineage.json").unlink()
     staging = run / "results/hidden_states/.staging"
     proc = start(run, "--cores", "1", "results/lineage.json", env=env)
-    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2, sig=sig)
+    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2)
     # inode per staged file: the published shard hard-links them, so equal inodes mean kept
     staged = {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
     assert 2 <= len(staged) < rows
     assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
 
     rerun = ("--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
-    if sig == signal.SIGKILL:
-        assert_locked_then_unlock(run, *rerun)
-    else:  # Snakemake stops gracefully on SIGTERM; unlocking is harmless either way
-        snakemake(run, "--unlock")
+    assert_locked_then_unlock(run, *rerun)
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
         "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
