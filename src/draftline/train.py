@@ -39,7 +39,7 @@ from draftline import algorithms
 from draftline.algorithms import DraftSettings
 from draftline.artifacts import layer_ids, metrics
 from draftline.artifacts.hidden_states import TRAINER_BACKEND, file_name, read_manifest, validate_hidden_states
-from draftline.atomic import atomic_dir
+from draftline.atomic import atomic_dir, atomic_file
 from draftline.config_schema import default
 from draftline.content_hash import digest, fingerprint
 from draftline.plan import resolve_num_workers, resolve_optimizer
@@ -685,7 +685,8 @@ def name_verifier(config_path: Path, name: str) -> None:
     instead of the local path training used, so the published draft carries no local path."""
     config = json.loads(config_path.read_text())
     config["speculators_config"]["verifier"]["name_or_path"] = name
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with atomic_file(config_path) as handle:
+        handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _size(folder: Path) -> int:
