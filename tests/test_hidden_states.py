@@ -284,7 +284,7 @@ def test_view_rejects_missing_and_duplicate_rows(tmp_path):
     with pytest.raises(ValueError, match="dataset row 0 is in two shards"):
         hs.build_training_view([s0, s0], tmp_path / "all")
     s1 = _fake_shard(tmp_path, 1, 2, 6, extracted=(1, 4))
-    with pytest.raises(ValueError, match="another dataset or layer setting"):
+    with pytest.raises(ValueError, match="another dataset, layer setting or format"):
         hs.build_training_view([s0, s1], tmp_path / "all")
     (s0 / hsf.file_name(1)).unlink()
     with pytest.raises(FileNotFoundError, match="hs_1.safetensors is missing"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -108,8 +109,10 @@ def _rewrite_in_place(path, change):
 
 @pytest.fixture
 def own_target(moved, tmp_path):
-    """The moved project on its own copy of the target (same content: plans nothing)."""
-    model = shutil.copytree(_target_of(moved), tmp_path / "own-model")
+    """The moved project on its own copy of the target (same content and folder name: plans
+    nothing; the folder's name is what the published draft names, see docs/reruns.md)."""
+    source = Path(_target_of(moved))
+    model = shutil.copytree(source, tmp_path / "elsewhere" / source.name)
     edit_config(moved, target={"model": str(model)})
     return moved, model
 

@@ -198,14 +198,14 @@ def test_chat_template_kwargs_reach_the_template_and_stay_out_of_the_loss(chatml
     """target.chat_template_kwargs (Qwen3's enable_thinking here) render every turn as the target
     sees it: the empty think block opens each answer, and only the answers are trained."""
     from draftline.testing.tiny_model import CHATML_THINKING_TEMPLATE, NO_THINK
-    from draftline.tokenization import tokenize_rows
+    from draftline.tokenization import iter_tokenized, new_stats
 
     tokenizer, stop = chatml
     rows = [{"id": "two-turns", "messages": MULTI_TURN}]
 
     def tokenized(**kwargs):
         settings = TokenizeSettings(max_seq_len=512, min_trainable_tokens=1, **kwargs)
-        kept, _, _ = tokenize_rows(tokenizer, rows, settings, stop, CHATML_THINKING_TEMPLATE)
+        kept = list(iter_tokenized(tokenizer, rows, settings, stop, CHATML_THINKING_TEMPLATE, new_stats(), []))
         ids, mask = kept[0]["input_ids"], kept[0]["loss_mask"]
         return tokenizer.decode(ids), [t for t, m in zip(ids, mask) if m]
 
