@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 from safetensors import safe_open
-from workflow import copy_run, planned_jobs, snakemake
+from workflow import copy_run, load_published_draft, planned_jobs, snakemake
 
 from draftline import algorithms
 
@@ -62,7 +62,8 @@ def test_dflash_trains_to_a_checkpoint_speculators_loads(dflash_run):
         shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     for name, shape in algorithms.get("dflash").expected_tensors(facts).items():
         assert shapes[name] == shape
-    model = DFlashDraftModel.from_pretrained(str(final))
+    model = load_published_draft(final)
+    assert isinstance(model, DFlashDraftModel)
     assert model.config.block_size == 4
     assert json.loads((final / "draftline_provenance.json").read_text())["algorithm"] == "dflash"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflow import REPO, snakemake, write_config
+from workflow import REPO, load_published_draft, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,8 @@ def test_default_run_produces_a_checkpoint_speculators_loads(default_run):
     from speculators.models.eagle3 import Eagle3DraftModel
 
     final = default_run / "results/checkpoint/final"
-    model = Eagle3DraftModel.from_pretrained(str(final))
+    model = load_published_draft(final)
+    assert isinstance(model, Eagle3DraftModel)
     config = json.loads((final / "config.json").read_text())
     assert config["draft_vocab_size"] == 8192
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow import AFTER_TRAIN, copy_run, planned_jobs, snakemake, write_config
+from workflow import AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, write_config
 
 from draftline.backends.vllm_server import ServerSettings, _group_alive, server_command, server_env
 from draftline.plan import resolved_settings
@@ -131,7 +131,8 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     assert "hidden-state server ready at http://127.0.0.1:" in log
 
     final = run / "results/checkpoint/final"
-    model = Eagle3DraftModel.from_pretrained(str(final))
+    model = load_published_draft(final)
+    assert isinstance(model, Eagle3DraftModel)
     assert list(model.config.eagle_aux_hidden_state_layer_ids) == [2, 4, 5]
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     assert provenance["epochs"] == epochs

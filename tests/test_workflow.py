@@ -12,7 +12,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from workflow import REPO, planned_jobs, snakemake, write_config
+from workflow import REPO, load_published_draft, planned_jobs, snakemake, write_config
 
 ALL_STAGES = {
     "target_model": 1,
@@ -119,7 +119,8 @@ def test_tiny_chain_config_and_checkpoint(tiny_run, tiny_model):
     assert shapes["d2t"] == (256,) and shapes["t2d"] == (512,)
     assert shapes["fc.weight"] == (128, 3 * 128)
     assert shapes["lm_head.weight"] == (256, 128)
-    model = Eagle3DraftModel.from_pretrained(str(final))
+    model = load_published_draft(final)
+    assert isinstance(model, Eagle3DraftModel)
     assert model.config.draft_vocab_size == 256
 
 

@@ -136,3 +136,16 @@ def fake_tiny_project(workdir: Path, model: Path, repo: Path, rows: int = 8) -> 
     fake_finished_run(workdir, "results/lineage.json", repo=repo)
     snakemake(workdir, "--touch", "--forceall", "--cores", "1", "results/lineage.json", repo=repo)
     return workdir
+
+
+def load_published_draft(final: Path):
+    """speculators' model of a published draft, its verifier read from the local target the run
+    trained against (final/config.json names the target by hub id or folder name, which this
+    machine cannot download: README, "Several targets side by side")."""
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+
+    config = SpeculatorModelConfig.from_pretrained(str(final))
+    provenance = json.loads((Path(final) / "draftline_provenance.json").read_text())
+    config.speculators_config.verifier.name_or_path = provenance["verifier"]["local_path"]
+    return SpeculatorModel.from_pretrained(str(final), config=config)
+
