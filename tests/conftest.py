@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,55 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _own_environment():
+    """Each test's changes to os.environ stay with it: an engine built in the test process
+    (draftline.engine.configure_vllm_cpu, vLLM's own imports) sets variables that every later
+    subprocess (snakemake, a server) would otherwise inherit."""
+    from draftline import engine
+
+    saved, set_here = dict(os.environ), dict(engine._set_here)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    engine._set_here.clear()
+    engine._set_here.update(set_here)
+
+
+# The longest test file (the embedded default run, ~30 min on 2 cores) goes first: the test
+# command runs two pytest-xdist workers that take whole files in collection order, so it then
+# runs beside the rest instead of after it (measured: last, the suite took ~51 min).
+LONGEST_FIRST = ("tests/test_embedded_default.py",)
+
+
 def pytest_collection_modifyitems(items):
     """A test that reads the tiny DAG's run (tiny_run) is in the `dag` tier, marked or not, so
     none lands in the fast tier (`-m "not slow and not dag"`) by accident."""
     for item in items:
         if "tiny_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.dag)
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)  # stable: the rest keep their order
+
+
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """A session folder made once by `build(folder)`: under pytest-xdist (the test command runs
+    two workers) the first worker to ask builds it under a lock in the workers' common temp
+    folder and the others use it; alone, in this session's temp folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half-way
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +67,7 @@ def tiny_model(tmp_path_factory) -> Path:
     """An 8-layer random Llama (hidden 128, head_dim 64) with a local ChatML tokenizer."""
     from draftline.testing.tiny_model import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return shared_folder(tmp_path_factory, "tiny-model", build_tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -48,28 +92,31 @@ PROMPTS = [
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_model):
     """The whole chain to results/lineage.json on the tiny model (real vLLM CPU + Trainer), once
-    per session: tests read it, or copy it (workflow.copy_run) before changing anything. Tests
-    that use it are marked `dag` (pytest_collection_modifyitems above)."""
+    per session (shared by the xdist workers): tests read it, or copy it (workflow.copy_run)
+    before changing anything. Tests that use it are marked `dag` (pytest_collection_modifyitems
+    above)."""
     from workflow import snakemake, write_config
 
     if os.environ.get("DRAFTLINE_TINY_RUN"):  # reuse a finished run while iterating on tests
         return Path(os.environ["DRAFTLINE_TINY_RUN"])
-    workdir = tmp_path_factory.mktemp("tiny-run")
-    with open(workdir / "prompts.jsonl", "w") as f:
-        for prompt in PROMPTS:
-            f.write(json.dumps({"prompt": prompt}) + "\n")
-        f.write(json.dumps({"messages": [
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "How are you?"},
-        ]}) + "\n")
-    write_config(workdir, {
-        "target": {"model": str(tiny_model)},
-        "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
-        "regenerate": {"max_new_tokens": 24},
-        "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
-        "vocab": {"draft_vocab_size": 256},
-        "train": {"epochs": 2, "total_seq_len": 512},
-    })
-    snakemake(workdir, "--cores", "2", "results/lineage.json")
-    return workdir
+
+    def build(workdir: Path) -> None:
+        with open(workdir / "prompts.jsonl", "w") as f:
+            for prompt in PROMPTS:
+                f.write(json.dumps({"prompt": prompt}) + "\n")
+            f.write(json.dumps({"messages": [
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "How are you?"},
+            ]}) + "\n")
+        write_config(workdir, {
+            "target": {"model": str(tiny_model)},
+            "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
+            "regenerate": {"max_new_tokens": 24},
+            "tokenize": {"max_seq_len": 256},
+            "hidden_states": {"shards": 2},
+            "vocab": {"draft_vocab_size": 256},
+            "train": {"epochs": 2, "total_seq_len": 512},
+        })
+        snakemake(workdir, "--cores", "2", "results/lineage.json")
+
+    return shared_folder(tmp_path_factory, "tiny-run", build)

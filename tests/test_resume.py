@@ -78,23 +78,39 @@ if _requests:
 
 
 def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """snakemake in its own process group, so one killpg takes it and every job it started."""
+    """snakemake in its own process group, so one killpg takes it and every job it started; its
+    output goes to `<workdir>.snakemake.log` beside the folder (kill_when shows it on a failure)."""
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(workdir / "config.yaml"), *args]  # fmt: skip
-    return subprocess.Popen(
-        cmd, env=env or dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    output = workdir.with_name(f"{workdir.name}.snakemake.log")
+    with open(output, "a") as out:
+        proc = subprocess.Popen(
+            cmd, env=env or dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    proc.output = output
+    proc.workdir = workdir
+    return proc
+
+
+def _failure_context(proc: subprocess.Popen) -> str:
+    """The tail of snakemake's output and of the job logs it names, for a failure message."""
+    text = proc.output.read_text(errors="replace")
+    parts = [f"--- {proc.output} (tail)\n" + "\n".join(text.splitlines()[-60:])]
+    for name in sorted(set(re.findall(r"\b(logs/[^\s,]+)", text))):
+        log = proc.workdir / name
+        if log.is_file():
+            parts.append(f"--- {log} (tail)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    return "\n".join(parts)
 
 
 def kill_when(proc: subprocess.Popen, ready, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
-            raise AssertionError(f"snakemake exited ({proc.returncode}) before the kill point")
+            raise AssertionError(f"snakemake exited ({proc.returncode}) before the kill point\n{_failure_context(proc)}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("the kill point was not reached in time")
+            raise AssertionError(f"the kill point was not reached in time\n{_failure_context(proc)}")
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
