@@ -220,6 +220,7 @@ def memory_part(root: Path, model: Path, args, record: dict, save) -> None:
     record["memory_data"].update(tokenize_input(root / "tokenize_input.jsonl", args.conversations))
     record["memory_data"]["prompts_mb"] = round((root / "plan" / "prompts.jsonl").stat().st_size / 1e6, 1)
     record["memory_data"]["seconds_to_make"] = round(time.perf_counter() - t0)
+    record["memory_commit"], record["memory_date"] = record["commit"], record["date"]
     steps = record["memory"] = []
     for step in ("tokenize_imports", "prompts", "merge"):
         steps.append(run_step(step, root, model, args.regen_shards, REPO / "src"))
@@ -267,7 +268,8 @@ def markdown(r: dict) -> str:
         lines += ["", f"## Peak memory at {r['conversations']:,} conversations", "",
                   f"Synthetic data: prompts {d['prompts_mb']} MB (prompts step input), regenerated answers "
                   f"{d['regenerated_mb']} MB over {r['regenerate_shards']} shards (merge input), tokenize input "
-                  f"{d['tokenize_input_mb']} MB. Each step in a fresh process; peak RSS is VmHWM, imports included.", "",
+                  f"{d['tokenize_input_mb']} MB. Each step in a fresh process; peak RSS is VmHWM, imports included "
+                  f"(commit {r.get('memory_commit', r['commit'])}, {r.get('memory_date', r['date'])}).", "",
                   "Peak anonymous memory (RssAnon, sampled every 50 ms) is the step's heap; VmHWM also counts "
                   "the pages of memory-mapped files it read, which the kernel can drop. For tokenize the heap is "
                   "also given as growth over the process after its imports.", "",
@@ -326,6 +328,13 @@ def main() -> None:
             write_prompts(root / "plan" / "prompts.jsonl", args.prompts)
         if not args.skip_memory:
             memory_part(root, model, args, record, save)
+        else:
+            # keep the memory part of an earlier record (it names its own commit and date)
+            earlier = Path(args.out + ".json")
+            if earlier.exists() and "memory" in json.loads(earlier.read_text()):
+                old = json.loads(earlier.read_text())
+                record["memory"], record["memory_data"] = old["memory"], old["memory_data"]
+                record["memory_commit"], record["memory_date"] = old.get("memory_commit", old["commit"]), old.get("memory_date", old["date"])
     save()
     print(Path(args.out + ".md").read_text())
 
