@@ -46,9 +46,21 @@ from workflow import REPO, SNAKEMAKE, fake_finished_run, planned_jobs, snakemake
 TARGET = "results/lineage.json"
 
 STEP = r'''
-import json, sys, time
+import json, sys, threading, time
 from pathlib import Path
 step, root, model = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+
+def status_kb(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+# anonymous memory (heap, not the pages of memory-mapped files, which VmHWM also counts), sampled
+peak_anon = [status_kb("RssAnon")]
+def sample():
+    while True:
+        peak_anon[0] = max(peak_anon[0], status_kb("RssAnon"))
+        time.sleep(0.05)
+threading.Thread(target=sample, daemon=True).start()
+anon_after_imports = None
 t0 = time.perf_counter()
 if step == "prompts":
     from draftline.prompts import build_prompts
@@ -66,7 +78,10 @@ elif step == "merge":
 elif step.startswith("tokenize") and step != "tokenize_imports":
     from draftline.tokenization import TokenizeSettings, tokenize
     out = root / step
-    summary = tokenize(model, root / "tokenize_input.jsonl", out / "dataset", out / "token_freq.pt",
+    size = step.split(":")[1] if ":" in step else ""
+    source = root / (f"tokenize_input_{size}.jsonl" if size else "tokenize_input.jsonl")
+    peak_anon[0] = anon_after_imports = status_kb("RssAnon")  # what tokenize itself adds, from here
+    summary = tokenize(model, source, out / "dataset", out / "token_freq.pt",
                        out / "summary.json", TokenizeSettings(max_seq_len=1024))
     note = {k: summary[k] for k in ("rows", "total_tokens", "trainable_tokens", "rows_truncated")}
 elif step == "tokenize_imports":
@@ -79,8 +94,11 @@ elif step == "tokenize_imports":
     note = {}
 wall = time.perf_counter() - t0
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec
-hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"step": step, "wall_s": round(wall, 1), "peak_rss_mb": round(hwm / 1024, 1), **note}))
+hwm = status_kb("VmHWM")
+anon = {"peak_anon_mb": round(peak_anon[0] / 1024, 1)}
+if anon_after_imports is not None:
+    anon["anon_after_imports_mb"] = round(anon_after_imports / 1024, 1)
+print(json.dumps({"step": step, "wall_s": round(wall, 1), "peak_rss_mb": round(hwm / 1024, 1), **anon, **note}))
 '''
 
 
@@ -202,10 +220,20 @@ def memory_part(root: Path, model: Path, args, record: dict, save) -> None:
     record["memory_data"].update(tokenize_input(root / "tokenize_input.jsonl", args.conversations))
     record["memory_data"]["prompts_mb"] = round((root / "plan" / "prompts.jsonl").stat().st_size / 1e6, 1)
     record["memory_data"]["seconds_to_make"] = round(time.perf_counter() - t0)
+    record["memory_commit"], record["memory_date"] = record["commit"], record["date"]
     steps = record["memory"] = []
-    for step in ("tokenize_imports", "prompts", "merge", "tokenize"):
+    for step in ("tokenize_imports", "prompts", "merge"):
         steps.append(run_step(step, root, model, args.regen_shards, REPO / "src"))
         save()
+    # tokenize on the first N conversations for each size, then on all: flat growth = bounded
+    for size in sorted(args.tokenize_sizes):
+        with open(root / "tokenize_input.jsonl") as src, open(root / f"tokenize_input_{size}.jsonl", "w") as dst:
+            for _, line in zip(range(size), src):
+                dst.write(line)
+        steps.append(run_step(f"tokenize:{size}", root, model, args.regen_shards, REPO / "src"))
+        save()
+    steps.append(run_step("tokenize", root, model, args.regen_shards, REPO / "src"))
+    save()
     if args.old_src:
         steps.append(run_step("tokenize_old", root, model, args.regen_shards, Path(args.old_src)))
         save()
@@ -240,12 +268,20 @@ def markdown(r: dict) -> str:
         lines += ["", f"## Peak memory at {r['conversations']:,} conversations", "",
                   f"Synthetic data: prompts {d['prompts_mb']} MB (prompts step input), regenerated answers "
                   f"{d['regenerated_mb']} MB over {r['regenerate_shards']} shards (merge input), tokenize input "
-                  f"{d['tokenize_input_mb']} MB. Each step in a fresh process; peak RSS is VmHWM, imports included.", "",
-                  "| step | code | wall s | peak RSS (MB) | notes |", "|---|---|---|---|---|"]
+                  f"{d['tokenize_input_mb']} MB. Each step in a fresh process; peak RSS is VmHWM, imports included "
+                  f"(commit {r.get('memory_commit', r['commit'])}, {r.get('memory_date', r['date'])}).", "",
+                  "Peak anonymous memory (RssAnon, sampled every 50 ms) is the step's heap; VmHWM also counts "
+                  "the pages of memory-mapped files it read, which the kernel can drop. For tokenize the heap is "
+                  "also given as growth over the process after its imports.", "",
+                  "| step | code | wall s | peak RssAnon (MB) | tokenize's own growth (MB) | VmHWM (MB) | notes |",
+                  "|---|---|---|---|---|---|---|"]
+        skip = ("step", "wall_s", "peak_rss_mb", "peak_anon_mb", "anon_after_imports_mb", "src")
         for s in r["memory"]:
-            notes = ", ".join(f"{k} {v:,}" for k, v in s.items() if k not in ("step", "wall_s", "peak_rss_mb", "src"))
+            notes = ", ".join(f"{k} {v:,}" for k, v in s.items() if k not in skip)
             code = "this commit" if s["src"] == str(REPO / "src") else s["src"]
-            lines.append(f"| {s['step']} | {code} | {s['wall_s']} | **{s['peak_rss_mb']}** | {notes} |")
+            growth = (round(s["peak_anon_mb"] - s["anon_after_imports_mb"], 1) if "anon_after_imports_mb" in s else "")
+            lines.append(f"| {s['step']} | {code} | {s['wall_s']} | **{s.get('peak_anon_mb', '')}** | {growth} | "
+                         f"{s['peak_rss_mb']} | {notes} |")
     lines += ["", f"Command: `{r['command']}`; commit {r['commit']}; {r['machine']}; versions {r['versions']}; "
               f"{r['date']}."]
     return "\n".join(lines) + "\n"
@@ -261,13 +297,15 @@ def main() -> None:
     parser.add_argument("--skip-plan", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--old-src", help="also measure tokenize with this src/ (another checkout)")
+    parser.add_argument("--tokenize-sizes", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                        help="also tokenize the first N conversations for each N (comma-separated)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "plan_at_scale"))
     args = parser.parse_args()
     record: dict = {
         "command": "PYTHONPATH=src:tests .venv/bin/python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "commit": git_commit(), "versions": versions(), "conversations": args.conversations,
         "regenerate_shards": args.regen_shards,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs; 1-minute load at start {os.getloadavg()[0]:.2f}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
@@ -290,6 +328,13 @@ def main() -> None:
             write_prompts(root / "plan" / "prompts.jsonl", args.prompts)
         if not args.skip_memory:
             memory_part(root, model, args, record, save)
+        else:
+            # keep the memory part of an earlier record (it names its own commit and date)
+            earlier = Path(args.out + ".json")
+            if earlier.exists() and "memory" in json.loads(earlier.read_text()):
+                old = json.loads(earlier.read_text())
+                record["memory"], record["memory_data"] = old["memory"], old["memory_data"]
+                record["memory_commit"], record["memory_date"] = old.get("memory_commit", old["commit"]), old.get("memory_date", old["date"])
     save()
     print(Path(args.out + ".md").read_text())
 

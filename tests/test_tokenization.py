@@ -178,6 +178,42 @@ def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model,
     assert [p.name for p in tmp_path.joinpath("tokenized").iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_dataset_preprocessed_in_parts_is_the_same_dataset(tiny_model, tmp_path, monkeypatch):
+    """speculators' preprocessing holds its output in memory, so tokenize feeds it PART_TOKENS
+    tokens at a time (a part saved before the next): the rows, their order, the columns and
+    format speculators' Trainer reads, and token_freq.pt are those of one part."""
+    from datasets import load_from_disk
+
+    import draftline.tokenization
+
+    answers = ["Paris.", "The sea is wide and blue. " * 3, "Four.", "Red, green and blue.", "Hola."]
+    rows = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"Question {i}?"},
+                                                         {"role": "assistant", "content": a}]}
+            for i, a in enumerate(answers)]  # fmt: skip
+    conversations = tmp_path / "conversations.jsonl"
+    write_rows(conversations, rows)
+    settings = TokenizeSettings(max_seq_len=128, min_trainable_tokens=1)
+
+    def run(name):
+        out = tmp_path / name
+        tokenize(tiny_model, conversations, out / "dataset", out / "token_freq.pt", out / "summary.json", settings)
+        return out
+
+    whole = run("whole")
+    monkeypatch.setattr(draftline.tokenization, "PART_TOKENS", 40)  # every row or two a part
+    lengths = load_from_disk(str(whole / "dataset")).with_format(None)["seq_len"]
+    assert len(draftline.tokenization.part_bounds(lengths, 40)) >= 3
+    parts = run("parts")
+
+    one, many = load_from_disk(str(whole / "dataset")), load_from_disk(str(parts / "dataset"))
+    assert many.format == one.format and many.format["type"] == "torch"  # what the Trainer's loader gets
+    assert many.features == one.features and len(many) == len(one) == len(rows)
+    assert many.with_format(None).to_list() == one.with_format(None).to_list()
+    assert torch.load(parts / "token_freq.pt", weights_only=True) == torch.load(whole / "token_freq.pt", weights_only=True)
+    assert json.loads((parts / "summary.json").read_text()) == json.loads((whole / "summary.json").read_text())
+    assert not [p for p in parts.iterdir() if p.name.startswith(".")]  # the parts went with the staging folder
+
+
 def test_nothing_trainable_is_an_error(tiny_model, tmp_path):
     conversations = tmp_path / "c.jsonl"
     write_rows(conversations, [{"id": "x", "source": "s", "messages": [{"role": "user", "content": "Hi"}]}])

@@ -251,7 +251,6 @@ def tokenize(
     """
     import tempfile
 
-    from speculators.data_generation.preprocessing import build_speculator_training_dataset
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from datasets import Dataset
 
@@ -266,9 +265,8 @@ def tokenize(
     staging = Path(tempfile.mkdtemp(prefix=".tokenize.tmp-", dir=out_dataset.parent))
     try:
         # Streamed: conversations are read, tokenized and written to an Arrow file one batch at
-        # a time, and every later step maps that file from disk. Memory still grows with the
-        # number of conversations (~23 KB each, 40% less than holding the rows; where the rest
-        # goes is not located: benchmarks/results/plan_at_scale.md).
+        # a time; speculators' preprocessing then takes it a part at a time (speculators_dataset)
+        # and every later step maps the files from disk.
         stats, ids = new_stats(), []
         rows = conversation_file.iter_rows(conversations_path)
         fingerprint = write_rows_arrow(
@@ -282,16 +280,7 @@ def tokenize(
         # The fingerprint from the rows' content, not the staging folder's random name, so the
         # same conversations give the same dataset fingerprint (hidden-state staging keys use it).
         tokenized = Dataset(Dataset.from_file(str(staging / "rows.arrow")).data, fingerprint=fingerprint)
-        # speculators' pass-through for rows that already hold input_ids and loss_mask; its own
-        # clipping/filtering finds nothing left to do (done above, so it is counted), and it
-        # does not shuffle, so row i stays the i-th kept conversation.
-        dataset = build_speculator_training_dataset(
-            tokenized,
-            tokenizer,
-            max_length=settings.max_seq_len,
-            num_proc=1,
-            minimum_valid_tokens=settings.min_trainable_tokens,
-        )
+        dataset = speculators_dataset(tokenized, tokenizer, settings, staging / "parts")
         if len(dataset) != stats["rows"]:
             raise RuntimeError(f"speculators' preprocessing kept {len(dataset)} of {stats['rows']} rows; expected all")
         save_token_frequency_distribution(dataset, staging / "token_freq.pt")
@@ -314,6 +303,55 @@ def tokenize(
         stats["rows_dropped_few_trainable_tokens"], settings.min_trainable_tokens, stats["answers_truncated_at_generation"],
     )
     return summary
+
+
+# speculators' preprocessing keeps its output in memory (`map(..., keep_in_memory=True)`): fed
+# this many tokens at a time, each part is saved to disk before the next, so the step's memory
+# stays bounded whatever the dataset's size (int64 ids and mask: 16 bytes a token, ~128 MB a part).
+PART_TOKENS = 8_000_000
+
+
+def part_bounds(lengths: Iterable[int], part_tokens: int = PART_TOKENS) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) row ranges covering every row, each of at most `part_tokens`
+    tokens (a longer row is a part of its own)."""
+    bounds, start, tokens, rows = [], 0, 0, 0
+    for rows, length in enumerate(lengths, start=1):
+        if tokens and tokens + length > part_tokens:
+            bounds.append((start, rows - 1))
+            start, tokens = rows - 1, 0
+        tokens += length
+    if rows > start:
+        bounds.append((start, rows))
+    return bounds
+
+
+def speculators_dataset(tokenized, tokenizer, settings: TokenizeSettings, parts_dir: Path, part_tokens: int | None = None):
+    """The rows through speculators' own preprocessing (its pass-through for rows that already
+    hold input_ids and loss_mask: its clipping and filtering find nothing left to do, done and
+    counted above, and it does not shuffle, so row i stays the i-th kept conversation), about
+    `part_tokens` (PART_TOKENS) tokens at a time: each part is saved under `parts_dir` and the
+    parts are concatenated memory-mapped. One part is the whole dataset in one call."""
+    import pyarrow.compute as pc
+    from datasets import concatenate_datasets, load_from_disk
+    from speculators.data_generation.preprocessing import build_speculator_training_dataset
+
+    def preprocess(rows):
+        return build_speculator_training_dataset(
+            rows, tokenizer, max_length=settings.max_seq_len, num_proc=1,
+            minimum_valid_tokens=settings.min_trainable_tokens,
+        )  # fmt: skip
+
+    lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_pylist()
+    bounds = part_bounds(lengths, part_tokens or PART_TOKENS)
+    if len(bounds) == 1:
+        return preprocess(tokenized)
+    parts = []
+    for k, (start, stop) in enumerate(bounds):
+        folder = str(parts_dir / f"part_{k:05d}")
+        preprocess(tokenized.select(range(start, stop))).save_to_disk(folder)  # the part leaves memory here
+        parts.append(load_from_disk(folder))
+    log.info("speculators' preprocessing in %d parts of <= %d tokens", len(parts), part_tokens or PART_TOKENS)
+    return concatenate_datasets(parts)
 
 
 def _verify(staging: Path, tokenized) -> None:
