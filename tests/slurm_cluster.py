@@ -173,7 +173,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={r / 'munge' / 'munge.socket'}
+# cred_expire: a requeued job waits this long + 1 s before it may start again (default 120)
+AuthInfo=socket={r / 'munge' / 'munge.socket'},cred_expire=10
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}
 SlurmctldPidFile={r / 'state' / 'slurmctld.pid'}
@@ -194,6 +195,11 @@ MinJobAge=300
 ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
+# the main scheduler looks at pending (e.g. requeued) jobs every 2 s, not every 60 s
+SchedulerParameters=sched_interval=2
+# as on sites that do not requeue by default: only a job submitted with --requeue (the
+# profile's slurm-requeue) can be requeued
+JobRequeue=0
 {node_line.strip()} Gres=gpu:{self.gpus} State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)

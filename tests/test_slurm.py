@@ -4,7 +4,8 @@ Skipped (with the reason) where Slurm cannot be installed or started. The cluste
 big node (32 CPUs, 256 GB, 2 GPUs) so the shipped profile's GPU-node requests schedule
 unchanged; nothing enforces them here. Regeneration is off in the pipeline runs to keep them
 small (one vLLM engine less per run); the GPU rules exercised are the hidden-state shards and
-training, and regeneration alone with the target split over 2 GPUs.
+training, and regeneration alone with the target split over 2 GPUs. A failed job's retry and a
+running job requeued by Slurm (as on preemption) are checked on the prompts job alone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +252,81 @@ def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny
     assert len(set(slurm_logs)) == 2, out[-3000:]
     for path in set(slurm_logs):
         assert "prompts.jsonl:8: malformed JSON" in Path(path).read_text()
+
+
+# Imported by every Python process of a job (on PYTHONPATH, which sbatch --export=ALL passes on):
+# the prompts job's script records each start with its Slurm job id and, on the first start
+# only, sleeps, so a requeue lands while the job runs.
+JOB_STARTS = '''
+import json, os, sys, time
+_starts = os.environ.get("DRAFTLINE_TEST_JOB_STARTS")
+if _starts and sys.argv and sys.argv[0].endswith(".prompts.py"):
+    _first = not os.path.exists(_starts)
+    with open(_starts, "a") as f:
+        f.write(json.dumps({"job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}) + "\\n")
+    if _first:
+        time.sleep(float(os.environ["DRAFTLINE_TEST_FIRST_START_SLEEP"]))
+'''
+
+
+def test_a_requeued_job_keeps_its_id_and_uses_no_retry(tmp_path, tiny_model, cluster):
+    """A preempted job that Slurm requeues (PreemptMode=REQUEUE) keeps its job id and runs its
+    script again; `scontrol requeue` does the same to a running job. Snakemake keeps waiting on
+    that id and the job finishes on its second run without a retry: one sbatch call, resources at
+    attempt 1. The test cluster has JobRequeue=0, so only the profile's slurm-requeue (sbatch
+    --requeue) makes the job requeueable."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    make_workdir(workdir, tiny_model)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(JOB_STARTS)
+    starts = tmp_path / "starts.jsonl"
+    first_sleep = 120  # the first run is requeued long before it would wake up
+    env = cluster.env(dict(
+        os.environ, DRAFTLINE_TEST_JOB_STARTS=str(starts), DRAFTLINE_TEST_FIRST_START_SLEEP=str(first_sleep),
+        PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
+    ))  # fmt: skip
+    output = tmp_path / "snakemake.log"
+    start = len(cluster.sbatch_calls())
+    with open(output, "w") as out:
+        proc = subprocess.Popen(
+            [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+             "--configfile", str(workdir / "config.yaml"), "--workflow-profile", str(PROFILE),
+             *TEST_SLURM_ARGS, "results/prompts/prompts.jsonl"],
+            cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (starts.exists() and starts.read_text().endswith("\n")):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"the job's script did not start (snakemake: {proc.returncode}):\n{output.read_text()[-4000:]}")
+            time.sleep(0.2)
+        job = json.loads(starts.read_text().splitlines()[0])["job"]
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+        assert state.stdout.strip() == "RUNNING", state
+        requeue = subprocess.run(["scontrol", "requeue", job], env=env, capture_output=True, text=True)
+        assert requeue.returncode == 0, requeue.stderr  # refused unless submitted with --requeue
+        returncode = proc.wait(timeout=first_sleep + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = output.read_text()
+    assert returncode == 0, log[-4000:]
+
+    # The job ran twice under the same id, and Slurm counted the restart.
+    runs = [json.loads(line) for line in starts.read_text().splitlines()]
+    assert [r["job"] for r in runs] == [job, job], runs
+    assert runs[1]["time"] - runs[0]["time"] < first_sleep  # the first run was cut short
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    assert re.search(r"\bRestarts=1\b", shown) and re.search(r"\bJobState=COMPLETED\b", shown), shown
+    # One submission, at attempt 1: the requeue used no retry.
+    calls = [c for c in cluster.sbatch_calls()[start:] if rule_of(c) == "prompts"]
+    assert len(calls) == 1, calls
+    assert "--requeue" in calls[0], calls[0]
+    assert flag(calls[0], "--mem") == str(profile_resource("prompts", "mem_mb", 1))
+    assert flag(calls[0], "-t") == str(profile_resource("prompts", "runtime", 1))
+    assert "Error in rule" not in log and "Trying to restart" not in log, log[-4000:]
+    # the output of the second run: every conversation but the one held out for testing
+    assert len((workdir / "results/prompts/prompts.jsonl").read_text().splitlines()) == len(CONVERSATIONS) - 1
