@@ -2,8 +2,8 @@
 speculators' Trainer asks it for every sample's hidden states; nothing is extracted to disk.
 
 The DAG test runs on a copy of the finished tiny run: it kills the workflow mid-training,
-checks that the server went with it, resumes, and loads the final draft in speculators.
-The port tests use a stand-in server (no vLLM).
+checks that the server went with it, resumes, loads the final draft in speculators and runs it
+as a draft in vLLM. The port tests use a stand-in server (no vLLM).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow import AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, write_config
+from workflow import (
+    AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, speculative_decoding_in_vllm, write_config,
+)
 
 from draftline.backends import vllm_server
 from draftline.backends.vllm_server import (
@@ -245,6 +247,11 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     assert not (run_dir / "online_hidden_states").exists()
     assert not list(run_dir.rglob("*.safetensors.lock"))
 
+    # and vLLM serves it as the target's EAGLE-3 draft (the lossless comparison with plain
+    # decoding is test_train's: here the draft only has to load and propose tokens)
+    served = speculative_decoding_in_vllm(provenance["verifier"]["local_path"], final, tmp_path, compare_plain=False)
+    assert served["metrics"]["vllm:spec_decode_num_drafts"] > 0
+    assert served["metrics"]["vllm:spec_decode_num_draft_tokens"] > 0
 
 
 def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_path, monkeypatch):
