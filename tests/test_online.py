@@ -2,7 +2,8 @@
 speculators' Trainer asks it for every sample's hidden states; nothing is extracted to disk.
 
 The DAG test runs on a copy of the finished tiny run: it kills the workflow mid-training,
-checks that the server went with it, resumes, and loads the final draft in speculators.
+checks that the server went with it, resumes, loads the final draft in speculators and runs it
+as a draft in vLLM. The port tests use a stand-in server (no vLLM).
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow import AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, write_config
+from workflow import (
+    AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, speculative_decoding_in_vllm, write_config,
+)
 
-from draftline.backends.vllm_server import ServerSettings, _group_alive, server_command, server_env
+from draftline.backends import vllm_server
+from draftline.backends.vllm_server import (
+    ServerError, ServerSettings, VllmServer, _group_alive, server_command, server_env,
+)
 from draftline.plan import resolved_settings
 from draftline.train import check_world_size, split_devices, split_threads
 
@@ -57,6 +63,102 @@ def test_the_server_command_and_environment_follow_the_device():
     assert json.loads(command[command.index("--kv-transfer-config") + 1])["kv_connector"] == "ExampleHiddenStatesConnector"
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
     assert server_env(cuda, ["2", "3"])["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+# A stand-in for vLLM's API server: answers /v1/models with its name; binds the way vLLM does
+# (SO_REUSEADDR, which HTTPServer sets), after a delay as vLLM imports for seconds first.
+STAND_IN_SERVER = r"""
+import http.server, json, sys, time
+
+port, name, delay = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+time.sleep(delay)
+
+
+class Models(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": name}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Models).serve_forever()
+"""
+SETTINGS = ServerSettings("/m", (2, 4, 8), 257, "float32", True, cuda=False)
+
+
+def _served_name(endpoint: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{endpoint}/models", timeout=5) as response:
+        return json.load(response)["data"][0]["id"]
+
+
+def test_a_port_taken_before_the_server_binds_is_retried_and_the_other_server_is_not_taken_for_ours(
+    tmp_path, monkeypatch, caplog
+):
+    """Two jobs on one machine: the port picked for ours is taken (another job's server listens
+    and answers there) before ours binds it. Ours fails with "Address already in use", the next
+    attempt gets another port, and readiness is ours, never the other server's 200."""
+    import logging
+    import subprocess
+    import sys
+
+    script = tmp_path / "stand_in_server.py"
+    script.write_text(STAND_IN_SERVER)
+    taken = vllm_server.free_port()
+    other = subprocess.Popen([sys.executable, str(script), str(taken), "another job", "0"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert _served_name(f"http://127.0.0.1:{taken}/v1") == "another job"
+                break
+            except OSError:
+                assert time.monotonic() < deadline and other.poll() is None, "the other server did not start"
+                time.sleep(0.2)
+        picks, os_pick = iter([taken]), vllm_server.free_port  # the taken port first, then the OS's choices
+        monkeypatch.setattr(vllm_server, "free_port", lambda: next(picks, None) or os_pick())
+
+        def ours(settings, port, storage):
+            return [sys.executable, str(script), str(port), "ours", "1"]
+
+        monkeypatch.setattr(vllm_server, "server_command", ours)
+        log_path = tmp_path / "logs/train_vllm_server.log"
+        with caplog.at_level(logging.WARNING), VllmServer(SETTINGS, tmp_path / "scratch", log_path, 60) as server:
+            assert server.port != taken
+            assert _served_name(server.endpoint) == "ours"
+            pid = server.proc.pid
+        assert f"port {taken} was taken before the server bound it; trying another" in caplog.text
+        log = log_path.read_text()
+        assert log.count("# draftline: ") == 2 and "Address already in use" in log
+        assert not _group_alive(pid), "the server must stop when the block ends"
+        assert _served_name(f"http://127.0.0.1:{taken}/v1") == "another job"  # untouched
+    finally:
+        other.terminate()
+        other.wait(timeout=10)
+
+
+def test_a_server_that_fails_for_another_reason_is_not_retried_whatever_the_log_held(tmp_path, monkeypatch):
+    """Only this attempt's lines decide: a taken port an earlier job's lines mention in the
+    (appended) log is not this failure."""
+    import sys
+
+    log_path = tmp_path / "train_vllm_server.log"
+    log_path.write_text("an earlier job\nOSError: [Errno 98] Address already in use\n")
+
+    def failing(settings, port, storage):
+        return [sys.executable, "-c", "raise SystemExit('no model at /m')"]
+
+    monkeypatch.setattr(vllm_server, "server_command", failing)
+    with pytest.raises(ServerError, match="exited with status 1") as failed:
+        VllmServer(SETTINGS, tmp_path / "scratch", log_path, 60).start()
+    assert "no model at /m" in str(failed.value) and "Address already in use" not in str(failed.value)
+    assert log_path.read_text().count("# draftline: ") == 1
 
 
 def _online_config(config: dict, epochs: int | None = None) -> dict:
@@ -144,6 +246,12 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     run_dir = run_dir if run_dir.is_absolute() else run / run_dir
     assert not (run_dir / "online_hidden_states").exists()
     assert not list(run_dir.rglob("*.safetensors.lock"))
+
+    # and vLLM serves it as the target's EAGLE-3 draft (the lossless comparison with plain
+    # decoding is test_train's: here the draft only has to load and propose tokens)
+    served = speculative_decoding_in_vllm(provenance["verifier"]["local_path"], final, tmp_path, compare_plain=False)
+    assert served["metrics"]["vllm:spec_decode_num_drafts"] > 0
+    assert served["metrics"]["vllm:spec_decode_num_draft_tokens"] > 0
 
 
 def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_path, monkeypatch):

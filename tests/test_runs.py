@@ -80,6 +80,8 @@ def test_two_targets_runs_coexist_and_neither_replans_the_other(tmp_path, tiny_m
 
 
 HUB_ID = "acme/tiny-chat"
+# final/'s records of where the draft came from, which keep the target's local path on purpose
+PROVENANCE_FILES = ("draftline_provenance.json", "provenance.json")
 
 
 def cache_as_hub_model(cache: Path, model: Path, repo_id: str) -> None:
@@ -117,6 +119,14 @@ def test_the_final_draft_names_its_target_by_hub_id_and_still_loads(tiny_run, tm
     assert str(target) not in text and str(target.resolve()) not in text and str(run) not in text
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     assert provenance["verifier"] == {"name": HUB_ID, "local_path": str(target.resolve())}
+    # no other published file holds the local path either: speculators' run records copied
+    # beside the draft name the verifier as config.json does (draftline's provenance keeps the path)
+    local = (str(target).encode(), str(target.resolve()).encode())
+    leaks = [p.name for p in sorted(final.rglob("*")) if p.is_file() and p.name not in PROVENANCE_FILES
+             and any(path in p.read_bytes() for path in local)]  # fmt: skip
+    assert leaks == [], f"{leaks} in {final} hold the target's local path {target}"
+    assert f"--verifier-name-or-path {HUB_ID} " in (final / "train_command.txt").read_text()
+    assert yaml.safe_load((final / "run.yaml").read_text())["train"]["verifier"]["verifier_name_or_path"] == HUB_ID
 
     # speculators loads the published draft by that name (from a hub cache, offline, as
     # anyone who has the target would), with the target's own embeddings

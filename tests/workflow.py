@@ -149,3 +149,47 @@ def load_published_draft(final: Path):
     config.speculators_config.verifier.name_or_path = provenance["verifier"]["local_path"]
     return SpeculatorModel.from_pretrained(str(final), config=config)
 
+
+
+VLLM_SPECULATIVE_DECODING = r"""
+import json, sys
+
+from vllm import LLM, SamplingParams
+
+
+def main(target, draft, compare_plain):
+    prompts = ["Tell me about the sea.", "Here is something about", "The capital of France"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    result = {}
+    spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": 2}
+    for name, speculative_config in [("spec", spec), ("plain", None)][: 2 if compare_plain else 1]:
+        llm = LLM(model=target, speculative_config=speculative_config, disable_log_stats=False,
+                  enforce_eager=True, dtype="float32", max_model_len=512)
+        result[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        if speculative_config:
+            result["metrics"] = {m.name: getattr(m, "value", None) for m in llm.get_metrics()
+                                 if m.name.startswith("vllm:spec_decode")}
+        del llm
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process
+    main(sys.argv[1], sys.argv[2], sys.argv[3] == "compare")
+"""
+
+
+def speculative_decoding_in_vllm(target: Path, draft: Path, scratch: Path, compare_plain: bool = True) -> dict:
+    """vLLM CPU serving `draft` as the EAGLE-3 draft of `target` (greedy, 3 prompts x 16 tokens),
+    in a child process (an engine in the test process would leave its environment behind): the
+    outputs ("spec", and "plain" without the draft when `compare_plain`) and the
+    `vllm:spec_decode*` counters ("metrics")."""
+    script = Path(scratch) / "vllm_speculative_decoding.py"
+    script.write_text(VLLM_SPECULATIVE_DECODING)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(target), str(draft), "compare" if compare_plain else "spec-only"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))

@@ -645,6 +645,7 @@ def train(
             shutil.copy2(chosen / "val_metrics.json", staging / "val_metrics.json")
         if verifier_name:
             name_verifier(staging / "config.json", verifier_name)
+            name_verifier_in_run_records(staging, verifier_name, Path(inputs.target).resolve())
         provenance = {
             "run_key": key,
             "algorithm": facts["algorithm"].name,
@@ -687,6 +688,47 @@ def name_verifier(config_path: Path, name: str) -> None:
     config["speculators_config"]["verifier"]["name_or_path"] = name
     with atomic_file(config_path) as handle:
         handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def name_verifier_in_run_records(folder: Path, name: str, local_path: Path) -> None:
+    """Name the target `name` in the copies of speculators' run.yaml and train_command.txt in
+    `folder` (final/), which record --verifier-name-or-path as training got it: the local path
+    (`local_path`), which stays in draftline_provenance.json only. Each file says so in a comment;
+    the rest is speculators' record as written (run.yaml re-dumped as speculators dumps it)."""
+    import shlex
+
+    import yaml
+
+    note = (
+        f"# draftline: the verifier is named {name} here, as in config.json; training read it from "
+        "the local folder in draftline_provenance.json (verifier.local_path)"
+    )
+    run_yaml = folder / "run.yaml"
+    if run_yaml.exists():
+        record = yaml.safe_load(run_yaml.read_text())
+        try:
+            record["train"]["verifier"]["verifier_name_or_path"] = name
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{run_yaml}: no train.verifier.verifier_name_or_path to rename ({err!r})") from err
+        with atomic_file(run_yaml) as handle:
+            handle.write(note + "\n" + yaml.safe_dump(record, sort_keys=False, default_flow_style=False))
+    command_file = folder / "train_command.txt"
+    if command_file.exists():
+        # comment lines (time, git SHA, versions), then the argv as one shlex-joined line
+        lines = command_file.read_text().splitlines()
+        header = [line for line in lines if line.startswith("#")]
+        commands = [shlex.split(line) for line in lines if line.strip() and not line.startswith("#")]
+        for argv in commands:
+            if "--verifier-name-or-path" in argv:
+                argv[argv.index("--verifier-name-or-path") + 1] = name
+        with atomic_file(command_file) as handle:
+            handle.write("\n".join([*header, note, *(shlex.join(argv) for argv in commands)]) + "\n")
+    for path in (run_yaml, command_file):
+        if path.exists() and str(local_path) in path.read_text():
+            raise ValueError(
+                f"{path} still holds the target's local path {local_path} after naming the verifier "
+                f"{name}: speculators records it somewhere draftline does not rename; report this"
+            )
 
 
 def _size(folder: Path) -> int:

@@ -14,7 +14,9 @@ wheel stops at start-up: `importlib.metadata.version("vllm")` finds no distribut
 
 `VllmServer` is a context manager: it picks a free port from the OS (two jobs on one machine do
 not collide; a port taken between the pick and the bind is retried), waits until
-`/v1/models` answers (or stops with the server log's tail), and stops the server's whole
+`/v1/models` answers from a socket its own process group listens on (another job's server on a
+taken port answers too, before ours fails to bind or listen), or stops with the log's tail of
+this attempt, and stops the server's whole
 process group (API server, engine core, workers) on exit, on an error and at interpreter exit;
 the server also gets SIGTERM if the job process dies without cleaning up (PR_SET_PDEATHSIG).
 """
@@ -152,6 +154,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.ready_s: float | None = None
+        self._log_start = 0  # where this attempt's lines begin in the (appended) log
 
     @property
     def endpoint(self) -> str:
@@ -167,12 +170,15 @@ class VllmServer:
     def start(self) -> None:
         self.storage_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        atexit.register(self.stop)
         t0 = time.monotonic()
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self.port = free_port()
             command = server_command(self.settings, self.port, self.storage_dir)
             log.info("starting the hidden-state server (attempt %d): %s", attempt, " ".join(command))
+            atexit.register(self.stop)  # again on a retry: the failed attempt's stop() unregistered it
+            # the log is appended to (earlier jobs, earlier attempts): only this attempt's lines
+            # decide whether its port was taken
+            self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "a") as out:
                 out.write(f"\n# draftline: {' '.join(command)}\n")
                 out.flush()
@@ -196,17 +202,21 @@ class VllmServer:
             log.warning("port %d was taken before the server bound it; trying another", self.port)
 
     def _wait_ready(self, t0: float) -> bool:
-        """True once the server answers; False if it exited; ServerError after the timeout."""
+        """True once the server answers on its own socket; False if it exited; ServerError after
+        the timeout."""
         url = f"{self.endpoint}/models"
         while True:
             if self.proc.poll() is not None:
                 return False
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
+            # vLLM binds with SO_REUSEADDR long before it listens, so a second server can bind the
+            # same port and hear the first's 200 until its own listen() fails: ask only our socket
+            if _group_listens_on(self.proc.pid, self.port):
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as response:
+                        if response.status == 200:
+                            return True
+                except (urllib.error.URLError, OSError):
+                    pass
             if time.monotonic() - t0 > self.ready_timeout_s:
                 tail = self._log_tail()
                 self.stop()
@@ -218,10 +228,12 @@ class VllmServer:
             time.sleep(1.0)
 
     def _log_tail(self, lines: int = 30) -> str:
+        """The last lines the current attempt wrote to the log."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_bytes()[self._log_start:].decode(errors="replace")
         except OSError:
             return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL to what is left after a grace period."""
@@ -258,8 +270,8 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs (zombies of exited members do not count)."""
+def _group_members(pgid: int):
+    """/proc entries of the group's running processes (zombies of exited members left out)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -269,5 +281,44 @@ def _group_alive(pgid: int) -> bool:
             continue
         # fields after the name: state, ppid, pgrp, ...
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
+            yield entry
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs."""
+    return next(_group_members(pgid), None) is not None
+
+
+def _listening_sockets(port: int) -> set[str]:
+    """`socket:[inode]` of every TCP socket listening on `port` (IPv4 or IPv6), from /proc/net."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            # sl, local_address (hex ip:port), rem_address, st (0A = LISTEN), ..., inode (10th)
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def _group_listens_on(pgid: int, port: int) -> bool:
+    """Whether a process of the group holds the socket listening on `port`."""
+    sockets = _listening_sockets(port)
+    if not sockets:
+        return False
+    for entry in _group_members(pgid):
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in sockets:
+                    return True
+            except OSError:
+                continue
     return False
