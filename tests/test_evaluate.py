@@ -350,6 +350,8 @@ def test_paired_bootstrap_of_identical_drafts_is_zero():
     assert difference["bootstrap_95"] == [0.0, 0.0]
     assert difference["acceptance_per_position_bootstrap_95"] == [[0.0, 0.0]] * K
     assert "2000 paired resamples" in difference["bootstrap"]
+    one = paired_difference(_rows([("p0", 10, [4, 1, 0])]), _rows([("p0", 10, [2, 0, 0])]))
+    assert one["mean_acceptance_length"] == 0.3 and one["bootstrap_95"] is None  # one prompt: no interval
 
 
 def test_paired_bootstrap_of_a_constant_shift_is_that_shift():

@@ -167,7 +167,8 @@ def paired_difference(a: dict, b: dict, seed: int = 0, count: int = RESAMPLES, n
         "bootstrap_95": None,
         "acceptance_per_position": [round(x, 4) for x in positions],
         "acceptance_per_position_bootstrap_95": None,
-        "bootstrap": f"{count} paired resamples of the prompts (the same resample for both), seed {seed}",
+        "bootstrap": f"{count} paired resamples of the prompts (the same resample for both), seed {seed}"
+        if len(rows_a) >= 2 else "none: one prompt",
     }
     if len(rows_a) >= 2:
         estimates = [difference(sample) for sample in resamples(len(rows_a), seed, count)]
