@@ -306,6 +306,142 @@ def ev_spread(rows, seed=0):
     return spread(rows, seed=seed)
 
 
+# ---------------------------------------------------------------- per-prompt counts, paired comparison
+
+
+def _vllm_request(histogram):
+    """vLLM's per-request summary (RequestSpecDecodeMetrics.to_dict) for an acceptance histogram."""
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    metrics = RequestSpecDecodeMetrics.new(len(histogram) - 1)
+    for accepted, steps in enumerate(histogram):
+        for _ in range(steps):
+            metrics.observe(num_draft_tokens=len(histogram) - 1, num_accepted=accepted)
+    return metrics.to_dict()
+
+
+def _rows(spec):
+    """A per-prompt block from (id, drafts, accepted per position) triples."""
+    from draftline.artifacts.acceptance import COLUMNS
+
+    return {"columns": COLUMNS, "rows": [[i, d, K * d, sum(pos), list(pos)] for i, d, pos in spec]}
+
+
+def test_per_prompt_counts_are_vllm_per_request_metrics_one_line_each():
+    from draftline.artifacts.acceptance import dumps, per_prompt, totals
+
+    requests = [_vllm_request([5, 2, 1, 0]), _vllm_request([0, 0, 0, 4]), _vllm_request([3, 0, 0, 0])]
+    block = per_prompt(["a1", "b2", "c3"], requests, K)
+    # position i: the steps that accepted more than i drafts
+    assert block["rows"] == [["a1", 8, 24, 4, [3, 1, 0]], ["b2", 4, 12, 12, [4, 4, 4]], ["c3", 3, 9, 0, [0, 0, 0]]]
+    assert totals(block) == {"drafts": 15, "draft_tokens": 45, "accepted": 16, "accepted_per_position": [7, 5, 4]}
+    assert per_prompt(["a1", "b2"], [requests[0], None], K) is None  # one prompt without metrics: no rows
+    text = dumps({"sets": {"test": {"drafts": {"trained": {"mean_acceptance_length": 2.0, "per_prompt": block}}}}})
+    assert '\n       ["b2", 4, 12, 12, [4, 4, 4]],\n' in text  # a row per line
+    assert json.loads(text)["sets"]["test"]["drafts"]["trained"]["per_prompt"] == block
+
+
+def test_paired_bootstrap_of_identical_drafts_is_zero():
+    from draftline.artifacts.acceptance import paired_difference
+
+    block = _rows([("p0", 10, [4, 1, 0]), ("p1", 30, [20, 9, 2]), ("p2", 6, [0, 0, 0]), ("p3", 12, [12, 12, 11])])
+    difference = paired_difference(block, json.loads(json.dumps(block)))
+    assert difference["prompts"] == 4 and difference["mean_acceptance_length"] == 0.0
+    assert difference["bootstrap_95"] == [0.0, 0.0]
+    assert difference["acceptance_per_position_bootstrap_95"] == [[0.0, 0.0]] * K
+    assert "2000 paired resamples" in difference["bootstrap"]
+    one = paired_difference(_rows([("p0", 10, [4, 1, 0])]), _rows([("p0", 10, [2, 0, 0])]))
+    assert one["mean_acceptance_length"] == 0.3 and one["bootstrap_95"] is None  # one prompt: no interval
+
+
+def test_paired_bootstrap_of_a_constant_shift_is_that_shift():
+    """B accepts a quarter token more per step on every prompt (at the first position): the
+    paired interval is exactly +0.25, however different the prompts are, while the two drafts'
+    separate intervals overlap."""
+    from draftline.artifacts.acceptance import paired_difference
+    from draftline.evaluate import spread
+
+    spec = [("p0", 8, [0, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
+            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0])]  # fmt: skip
+    a = _rows(spec)
+    b = _rows([(i, d, [pos[0] + d // 4, *pos[1:]]) for i, d, pos in reversed(spec)])  # another order: paired by id
+    difference = paired_difference(b, a, seed=3)
+    assert difference["mean_acceptance_length"] == 0.25 and difference["bootstrap_95"] == [0.25, 0.25]
+    assert difference["acceptance_per_position"] == [0.25, 0.0, 0.0]
+    assert difference["acceptance_per_position_bootstrap_95"] == [[0.25, 0.25], [0.0, 0.0], [0.0, 0.0]]
+
+    def unpaired(block):
+        return spread([{"num_accepted_draft_tokens": r[3], "num_spec_steps": r[1]} for r in block["rows"]], seed=3)["bootstrap_95"]
+
+    (low_a, high_a), (low_b, high_b) = unpaired(a), unpaired(b)
+    assert low_b < high_a and high_a - low_a > 1.0  # the separate intervals cannot tell
+
+
+def test_paired_comparison_refuses_sets_of_different_prompts():
+    from draftline.artifacts.acceptance import paired_difference
+
+    a = _rows([("p0", 10, [1, 0, 0]), ("p1", 10, [1, 0, 0]), ("p2", 10, [1, 0, 0])])
+    b = _rows([("p0", 10, [1, 0, 0]), ("p1", 10, [1, 0, 0]), ("q9", 10, [1, 0, 0])])
+    with pytest.raises(ValueError, match=r"not measure the same prompts.*only in run A: p2; only in run B: q9"):
+        paired_difference(a, b, names=("run A", "run B"))
+
+
+@pytest.mark.dag
+def test_per_prompt_counts_add_up_to_each_sets_counters(evaluation):
+    """Every set's every draft keeps its prompts' own counts (vLLM's per-request metrics), in the
+    set's prompt order, summing to the set's counters; the trained - untrained difference is
+    the paired bootstrap of those rows."""
+    from draftline.artifacts.acceptance import paired_difference, totals
+
+    result = evaluation["json"]
+    text = (evaluation["tmp"] / "acceptance.json").read_text()
+    for name, data in result["sets"].items():
+        for draft, block in data["drafts"].items():
+            rows, c = block["per_prompt"]["rows"], block["counters"]
+            assert [r[0] for r in rows] == data["prompt_ids"], (name, draft)
+            assert totals(block["per_prompt"]) == {
+                "drafts": c[DRAFTS], "draft_tokens": c[DRAFT_TOKENS], "accepted": c[ACCEPTED],
+                "accepted_per_position": c[ACCEPTED_PER_POS],
+            }, (name, draft)  # fmt: skip
+            for row in rows:
+                assert json.dumps(row) in text  # one line per prompt
+        paired = data["trained_minus_untrained"]
+        trained, untrained = data["drafts"]["trained"], data["drafts"]["untrained"]
+        assert paired == paired_difference(trained["per_prompt"], untrained["per_prompt"], seed=0)
+        assert paired["mean_acceptance_lengths"] == [
+            round(trained["mean_acceptance_length"], 4), round(untrained["mean_acceptance_length"], 4)
+        ]  # fmt: skip
+        low, high = paired["bootstrap_95"]
+        assert 0 < low <= paired["mean_acceptance_length"] <= high  # the oracle beats the untrained draft on every resample
+
+
+@pytest.mark.dag
+def test_compare_acceptance_pairs_two_evaluations_and_refuses_other_prompts(evaluation, tmp_path):
+    import subprocess
+    import sys
+
+    tmp, result = evaluation["tmp"], evaluation["json"]
+    script = [sys.executable, str(REPO / "benchmarks" / "compare_acceptance.py")]
+    one = tmp / "acceptance.json"
+    run = subprocess.run([*script, str(one), str(one), "--draft-b", "untrained", "--json", str(tmp_path / "d.json")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    paired = result["sets"]["test"]["trained_minus_untrained"]
+    low, high = paired["bootstrap_95"]
+    assert f"A - B: {paired['mean_acceptance_length']:+.4f}, paired 95% bootstrap [{low}, {high}]" in run.stdout
+    assert "position 0:" in run.stdout and f"{len(evaluation['prompts'])} prompts paired by id" in run.stdout
+    assert json.loads((tmp_path / "d.json").read_text())["bootstrap_95"] == paired["bootstrap_95"]
+    same = subprocess.run([*script, str(one), str(one)], capture_output=True, text=True, check=True)
+    assert "A - B: +0.0000, paired 95% bootstrap [0.0, 0.0]" in same.stdout
+    # an evaluation whose test set held another prompt in place of the last one
+    other = json.loads(one.read_text())
+    last = other["sets"]["test"]["drafts"]["trained"]["per_prompt"]["rows"][-1]
+    left_out, last[0] = last[0], "another-prompt"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    refused = subprocess.run([*script, str(one), str(tmp_path / "other.json")], capture_output=True, text=True)
+    assert refused.returncode == 1 and "did not measure the same prompts" in refused.stderr
+    assert f"(trained): {left_out}; only in" in refused.stderr and refused.stderr.rstrip().count("another-prompt") == 1
+
+
 @pytest.mark.dag
 def test_baseline_is_measured_in_the_same_run(evaluation):
     result = evaluation["json"]

@@ -15,6 +15,10 @@ before and after each set's timed `generate`, so warm-up and earlier sets never 
 The spread of a set's mean acceptance length comes from vLLM's per-request spec-decode
 metrics (`per_request_spec_decode_metrics="summary"`): a bootstrap over the set's prompts
 (resampled with a fixed seed) gives a 95% interval, and the per-prompt values their range.
+Each prompt's counts are kept (`per_prompt`, draftline.artifacts.acceptance), so drafts
+measured on the same prompts compare prompt by prompt: the trained draft against the untrained
+one here (`trained_minus_untrained`, a paired bootstrap), two evaluations with
+`benchmarks/compare_acceptance.py`.
 
 Greedy speculative decoding is lossless: every speculative output must be token-identical
 to the target's own; the first prompt where it is not stops the evaluation (LosslessError).
@@ -24,12 +28,13 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftline import algorithms
+from draftline.artifacts import acceptance as record
+from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
 from draftline.sources import read_first_turns
 from draftline.engine import EngineSettings, shutdown, target_llm
 from draftline.config_schema import default
@@ -241,7 +246,7 @@ def warm_up(llm, prompt: Prompt, chat_template: str | None, template_kwargs: dic
              chat_template_kwargs=template_kwargs or None)
 
 
-def spread(per_request: list[dict | None], seed: int = 0, resamples: int = 2000) -> dict | None:
+def spread(per_request: list[dict | None], seed: int = 0, count: int = RESAMPLES) -> dict | None:
     """Per-prompt mean acceptance lengths (min/median/max) and a bootstrap 95% interval of the
     set's mean acceptance length (accepted / steps summed over prompts resampled with
     replacement), from vLLM's per-request metrics; None when the engine kept none."""
@@ -249,12 +254,9 @@ def spread(per_request: list[dict | None], seed: int = 0, resamples: int = 2000)
     if len(rows) < 2:
         return None
     per_prompt = sorted(1 + a / n for a, n in rows)
-    rng = random.Random(seed)
-    estimates = []
-    for _ in range(resamples):
-        sample = [rows[rng.randrange(len(rows))] for _ in rows]
-        estimates.append(1 + sum(a for a, _ in sample) / sum(n for _, n in sample))
-    estimates.sort()
+    estimates = [
+        1 + sum(rows[i][0] for i in sample) / sum(rows[i][1] for i in sample) for sample in resamples(len(rows), seed, count)
+    ]
     return {
         "prompts": len(rows),
         "per_prompt_mean_acceptance_length": {
@@ -262,9 +264,38 @@ def spread(per_request: list[dict | None], seed: int = 0, resamples: int = 2000)
             "median": round(per_prompt[len(per_prompt) // 2], 4),
             "max": round(per_prompt[-1], 4),
         },
-        "bootstrap_95": [round(estimates[int(0.025 * resamples)], 4), round(estimates[int(0.975 * resamples) - 1], 4)],
-        "bootstrap": f"{resamples} resamples of the set's prompts, seed {seed}",
+        "bootstrap_95": interval_95(estimates),
+        "bootstrap": f"{count} resamples of the set's prompts, seed {seed}",
     }
+
+
+def check_per_prompt(block: dict | None, counters: dict, where: str) -> None:
+    """The per-prompt counts must add up to the set's counters: both are vLLM's record of the
+    same generate call, and a paired comparison trusts the rows."""
+    if block is None:
+        log.warning("%s: vLLM returned no per-request spec-decode metrics for some prompt: no per-prompt counts", where)
+        return
+    summed = record.totals(block)
+    per_pos = counters[ACCEPTED_PER_POS]
+    expected = {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
+                "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}  # fmt: skip
+    if summed != expected:
+        raise RuntimeError(
+            f"{where}: vLLM's per-request spec-decode metrics sum to {summed}, its counters for the same call to "
+            f"{expected}: they do not describe the same run"
+        )
+
+
+def trained_minus_untrained(drafts: dict, name: str, seed: int) -> dict | None:
+    """The paired difference of the trained and the untrained draft on one set (the same prompts,
+    the same resamples), when both were measured with per-prompt counts."""
+    trained, untrained = drafts.get("trained", {}).get("per_prompt"), drafts.get("untrained", {}).get("per_prompt")
+    if not (trained and untrained):
+        return None
+    difference = record.paired_difference(trained, untrained, seed=seed, names=("trained", "untrained"))
+    log.info("%s, trained - untrained: mean acceptance length %+.4f (paired 95%% bootstrap %s)",
+             name, difference["mean_acceptance_length"], difference["bootstrap_95"])  # fmt: skip
+    return difference
 
 
 def fitting_prompts(tokenizer, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> tuple[list[Prompt], list[str]]:
@@ -342,6 +373,8 @@ def evaluate(
             run = timed_generate(llm, prompts, settings, chat_template)
             check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, tokenizer)
             numbers = acceptance(run["counters"], k)
+            prompts_counted = record.per_prompt([p.id for p in prompts], run["per_request"], k)
+            check_per_prompt(prompts_counted, run["counters"], f"{name}, {draft} draft")
             results[name][draft] = {
                 **numbers,
                 "spread": spread(run["per_request"], seed=settings.seed),
@@ -350,6 +383,7 @@ def evaluate(
                 "output_tokens": run["output_tokens"],
                 "seconds": run["seconds"],
                 "counters": run["counters"],
+                "per_prompt": prompts_counted,
             }
             log.info(
                 "%s, %s draft: mean acceptance length %.3f (95%% bootstrap %s), acceptance rate %.3f, per position %s, "
@@ -375,6 +409,7 @@ def evaluate(
                 "counters": reference[name]["counters"],
             },
             "drafts": results[name],
+            "trained_minus_untrained": trained_minus_untrained(results[name], name, settings.seed),
         }
         for name in sets
     }
@@ -394,6 +429,5 @@ def evaluate(
         "seconds": round(time.monotonic() - started, 1),
     }
     with atomic_file(out_json, encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=1)
-        handle.write("\n")
+        handle.write(record.dumps(summary))
     return summary
