@@ -60,7 +60,6 @@ def sample():
         peak_anon[0] = max(peak_anon[0], status_kb("RssAnon"))
         time.sleep(0.05)
 threading.Thread(target=sample, daemon=True).start()
-anon_after_imports = None
 t0 = time.perf_counter()
 if step == "prompts":
     from draftline.prompts import build_prompts
@@ -80,7 +79,6 @@ elif step.startswith("tokenize") and step != "tokenize_imports":
     out = root / step
     size = step.split(":")[1] if ":" in step else ""
     source = root / (f"tokenize_input_{size}.jsonl" if size else "tokenize_input.jsonl")
-    peak_anon[0] = anon_after_imports = status_kb("RssAnon")  # what tokenize itself adds, from here
     summary = tokenize(model, source, out / "dataset", out / "token_freq.pt",
                        out / "summary.json", TokenizeSettings(max_seq_len=1024))
     note = {k: summary[k] for k in ("rows", "total_tokens", "trainable_tokens", "rows_truncated")}
@@ -96,8 +94,6 @@ wall = time.perf_counter() - t0
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec
 hwm = status_kb("VmHWM")
 anon = {"peak_anon_mb": round(peak_anon[0] / 1024, 1)}
-if anon_after_imports is not None:
-    anon["anon_after_imports_mb"] = round(anon_after_imports / 1024, 1)
 print(json.dumps({"step": step, "wall_s": round(wall, 1), "peak_rss_mb": round(hwm / 1024, 1), **anon, **note}))
 '''
 
@@ -272,14 +268,17 @@ def markdown(r: dict) -> str:
                   f"(commit {r.get('memory_commit', r['commit'])}, {r.get('memory_date', r['date'])}).", "",
                   "Peak anonymous memory (RssAnon, sampled every 50 ms) is the step's heap; VmHWM also counts "
                   "the pages of memory-mapped files it read, which the kernel can drop. For tokenize the heap is "
-                  "also given as growth over the process after its imports.", "",
-                  "| step | code | wall s | peak RssAnon (MB) | tokenize's own growth (MB) | VmHWM (MB) | notes |",
+                  "also given above its floor, a process with tokenize's imports and the tokenizer loaded "
+                  "(`tokenize_imports`).", "",
+                  "| step | code | wall s | peak RssAnon (MB) | tokenize above its floor (MB) | VmHWM (MB) | notes |",
                   "|---|---|---|---|---|---|---|"]
         skip = ("step", "wall_s", "peak_rss_mb", "peak_anon_mb", "anon_after_imports_mb", "src")
+        floor = next((s.get("peak_anon_mb") for s in r["memory"] if s["step"] == "tokenize_imports"), None)
         for s in r["memory"]:
             notes = ", ".join(f"{k} {v:,}" for k, v in s.items() if k not in skip)
             code = "this commit" if s["src"] == str(REPO / "src") else s["src"]
-            growth = (round(s["peak_anon_mb"] - s["anon_after_imports_mb"], 1) if "anon_after_imports_mb" in s else "")
+            above = s["step"].startswith("tokenize") and s["step"] != "tokenize_imports" and floor and "peak_anon_mb" in s
+            growth = round(s["peak_anon_mb"] - floor, 1) if above else ""
             lines.append(f"| {s['step']} | {code} | {s['wall_s']} | **{s.get('peak_anon_mb', '')}** | {growth} | "
                          f"{s['peak_rss_mb']} | {notes} |")
     lines += ["", f"Command: `{r['command']}`; commit {r['commit']}; {r['machine']}; versions {r['versions']}; "
