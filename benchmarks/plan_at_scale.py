@@ -216,7 +216,7 @@ def memory_part(root: Path, model: Path, args, record: dict, save) -> None:
     record["memory_data"].update(tokenize_input(root / "tokenize_input.jsonl", args.conversations))
     record["memory_data"]["prompts_mb"] = round((root / "plan" / "prompts.jsonl").stat().st_size / 1e6, 1)
     record["memory_data"]["seconds_to_make"] = round(time.perf_counter() - t0)
-    record["memory_commit"], record["memory_date"] = record["commit"], record["date"]
+    record["memory_commit"], record["memory_date"], record["memory_command"] = record["commit"], record["date"], record["command"]
     steps = record["memory"] = []
     for step in ("tokenize_imports", "prompts", "merge"):
         steps.append(run_step(step, root, model, args.regen_shards, REPO / "src"))
@@ -265,7 +265,8 @@ def markdown(r: dict) -> str:
                   f"Synthetic data: prompts {d['prompts_mb']} MB (prompts step input), regenerated answers "
                   f"{d['regenerated_mb']} MB over {r['regenerate_shards']} shards (merge input), tokenize input "
                   f"{d['tokenize_input_mb']} MB. Each step in a fresh process; peak RSS is VmHWM, imports included "
-                  f"(commit {r.get('memory_commit', r['commit'])}, {r.get('memory_date', r['date'])}).", "",
+                  f"(`{r.get('memory_command', r['command'])}`, commit {r.get('memory_commit', r['commit'])}, "
+                  f"{r.get('memory_date', r['date'])}).", "",
                   "Peak anonymous memory (RssAnon, sampled every 50 ms) is the step's heap; VmHWM also counts "
                   "the pages of memory-mapped files it read, which the kernel can drop. For tokenize the heap is "
                   "also given above its floor, a process with tokenize's imports and the tokenizer loaded "
@@ -276,11 +277,13 @@ def markdown(r: dict) -> str:
         floor = next((s.get("peak_anon_mb") for s in r["memory"] if s["step"] == "tokenize_imports"), None)
         for s in r["memory"]:
             notes = ", ".join(f"{k} {v:,}" for k, v in s.items() if k not in skip)
-            code = "this commit" if s["src"] == str(REPO / "src") else s["src"]
+            code = r.get("memory_commit", r["commit"]) if s["src"] == str(REPO / "src") else s["src"]
             above = s["step"].startswith("tokenize") and s["step"] != "tokenize_imports" and floor and "peak_anon_mb" in s
             growth = round(s["peak_anon_mb"] - floor, 1) if above else ""
             lines.append(f"| {s['step']} | {code} | {s['wall_s']} | **{s.get('peak_anon_mb', '')}** | {growth} | "
                          f"{s['peak_rss_mb']} | {notes} |")
+    if r.get("notes"):  # kept across runs in the JSON: what a reader needs beside the tables
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in r["notes"]]
     lines += ["", f"Command: `{r['command']}`; commit {r['commit']}; {r['machine']}; versions {r['versions']}; "
               f"{r['date']}."]
     return "\n".join(lines) + "\n"
@@ -308,6 +311,16 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
+    # a part not measured now keeps the earlier record's (each part names its own commit and date)
+    earlier = json.loads(Path(args.out + ".json").read_text()) if Path(args.out + ".json").exists() else {}
+    if args.skip_plan and "plan" in earlier:
+        record["plan"] = earlier["plan"]
+    record["notes"] = earlier.get("notes", [])
+    if args.skip_memory and "memory" in earlier:
+        for key in ("memory", "memory_data", "memory_commit", "memory_date", "memory_command"):
+            if key in earlier:
+                record[key] = earlier[key]
+
     def save() -> None:
         Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
         Path(args.out + ".md").write_text(markdown(record))
@@ -320,20 +333,9 @@ def main() -> None:
             record["plan"]["commit"], record["plan"]["date"] = record["commit"], record["date"]
             save()
         else:
-            # keep the plan part of an earlier record (it names its own commit and date)
-            earlier = Path(args.out + ".json")
-            if earlier.exists() and "plan" in json.loads(earlier.read_text()):
-                record["plan"] = json.loads(earlier.read_text())["plan"]
             write_prompts(root / "plan" / "prompts.jsonl", args.prompts)
         if not args.skip_memory:
             memory_part(root, model, args, record, save)
-        else:
-            # keep the memory part of an earlier record (it names its own commit and date)
-            earlier = Path(args.out + ".json")
-            if earlier.exists() and "memory" in json.loads(earlier.read_text()):
-                old = json.loads(earlier.read_text())
-                record["memory"], record["memory_data"] = old["memory"], old["memory_data"]
-                record["memory_commit"], record["memory_date"] = old.get("memory_commit", old["commit"]), old.get("memory_date", old["date"])
     save()
     print(Path(args.out + ".md").read_text())
 
