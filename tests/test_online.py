@@ -183,6 +183,13 @@ def test_online_mode_plans_no_hidden_state_jobs(tiny_model, tmp_path):
     assert not hidden and online["train"] == 1
     assert set(offline) - set(online) == {"hidden_states_disk_estimate", "hidden_states_shard", "hidden_states_view",
                                           "report_hidden_states_disk"}  # fmt: skip
+    # the disk plan, before anything is tokenized (from the prompt count x max_seq_len): the
+    # samples in flight, not the shard files that offline would keep
+    out = snakemake(tmp_path, "-n", "results/lineage.json")
+    text = out.stdout + out.stderr
+    assert re.search(r"expected disk use \(hidden_states.format full, mode online; .*prompts", text), text[-3000:]
+    assert re.search(r"hidden states +~[\d.]+ [KMG]B working set during training \(offline would keep at most [\d.]+ [KMG]B\)", text)
+    assert "hidden-state shards" not in text
 
 
 def _server_pids(run: Path) -> list[int]:
