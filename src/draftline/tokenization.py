@@ -347,9 +347,9 @@ def speculators_dataset(tokenized, tokenizer, settings: TokenizeSettings, parts_
         return preprocess(tokenized)
     parts = []
     for k, (start, stop) in enumerate(bounds):
-        folder = str(parts_dir / f"part_{k:05d}")
-        preprocess(tokenized.select(range(start, stop))).save_to_disk(folder)  # the part leaves memory here
-        parts.append(load_from_disk(folder))
+        staging_part = str(parts_dir / f"part_{k:05d}")  # parts_dir is in tokenize's staging folder
+        preprocess(tokenized.select(range(start, stop))).save_to_disk(staging_part)  # the part leaves memory here
+        parts.append(load_from_disk(staging_part))
     log.info("speculators' preprocessing in %d parts of <= %d tokens", len(parts), part_tokens or PART_TOKENS)
     return concatenate_datasets(parts)
 
