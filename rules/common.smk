@@ -242,6 +242,11 @@ def _sort_keys(value):
     return value
 
 
+# The run's name (report title, summary): the work folder's unless set. Read by the report and
+# the summary job only, never a param, so a moved or renamed folder reruns nothing.
+config["run_name"] = config["run_name"] or Path.cwd().name
+
+
 # A dict param (train=config["train"]) is compared by its repr: sorted keys, so reordering
 # config.yaml or the schema's defaults never reruns a job. Lists keep their order (it matters).
 for _key in sorted(config):

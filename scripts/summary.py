@@ -9,8 +9,9 @@ if __name__ == "__main__":
     log_to(snakemake.log[0])
     summary = build_summary(
         Path(snakemake.output.json).parent,  # results/
-        # the work folder's name: read here, not a param, so a moved folder reruns nothing
-        run_name=Path.cwd().name,
+        # run_name (default: the work folder's name, rules/common.smk): not a param, so a moved
+        # or renamed run reruns nothing
+        run_name=snakemake.config["run_name"],
         target=snakemake.params.target,
         device=snakemake.params.device,
         benchmarks=snakemake.params.benchmarks,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from draftline.evaluate import (
     ACCEPTED,
@@ -28,7 +29,7 @@ from draftline.evaluate import (
     read_counters,
 )
 from draftline.train import name_verifier
-from workflow import REPO, snakemake, write_config
+from workflow import REPO, planned_jobs, snakemake, write_config
 
 K = 3
 DRAFT_VOCAB = 64
@@ -563,13 +564,18 @@ def test_report_rules_draw_the_plots_and_snakemake_writes_the_html(tmp_path, tin
         assert embedded, plot
         assert base64.b64decode(embedded.group(1)) == (workdir / f"results/report/{plot}.png").read_bytes()
     assert "Mean acceptance length = 1 + accepted / drafts" in html  # the acceptance caption
+    # titled with the run's name (the work folder's by default) and the target
+    assert f"draftline run {workdir.name}: eagle3 draft for {tiny_model.name}" in html
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    write_config(workdir, {**config, "run_name": "llama-8b-sharegpt"})
+    snakemake(workdir, "--report", str(workdir / "report.html"), "--", *targets)
+    assert f"draftline run llama-8b-sharegpt: eagle3 draft for {tiny_model.name}" in (workdir / "report.html").read_text()
 
 
 def test_default_target_plans_evaluation_and_report(tmp_path):
-    from workflow import planned_jobs
+
 
     shutil.copytree(REPO / "resources" / "prompts", tmp_path / "resources" / "prompts")
-    import yaml
 
     write_config(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     jobs = planned_jobs(tmp_path)

@@ -52,6 +52,13 @@ def test_reordered_config_keys_plan_nothing(run):
     assert planned_jobs(run, TARGET) == {}
 
 
+def test_a_run_name_reruns_nothing(run):
+    """run_name is only shown (the report's title, the summary): naming a run replans nothing."""
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "run_name": "llama-8b-sharegpt"}, sort_keys=False))
+    assert planned_jobs(run, TARGET) == {}
+
+
 @pytest.mark.parametrize("change", [{"lr": 0.002}, {"epochs": 3}])
 def test_training_setting_reruns_only_training(run, change):
     edit_config(run, train=change)
