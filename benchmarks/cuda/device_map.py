@@ -8,6 +8,7 @@ with accelerate's hooks, exactly as for two GPUs, and the extractor gathers the 
 This measures the hooks' cost and checks the states; it cannot measure the hop between GPUs.
 
     PYTHONPATH=src python3 benchmarks/cuda/device_map.py --out $OUT --work /tmp/dm --rows 96 --rounds 3
+    (add --two-gpus on a machine with two GPUs: the halves then go to GPUs 0 and 1, as in a job)
 
 Writes device_map.json and device_map.md to --out.
 """
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-tokens", type=int, default=32768)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--two-gpus", action="store_true",
+                    help="put the halves on GPUs 0 and 1 as computed (nvidia-h200-x2), not both on GPU 0")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -70,7 +73,9 @@ def main() -> None:
     fake = {0: int(0.6 * weights), 1: int(0.6 * weights)}
     placement = device_map_for(config, fake, "bfloat16", source=str(target))
     record["device_map_two_gpus"] = describe_device_map(placement)
-    one_gpu = {name: (0 if where == 0 else "cuda:0") for name, where in placement.items()}
+    # one GPU: both halves on GPU 0 under two spellings (the hooks still dispatch); two: as computed
+    one_gpu = placement if args.two_gpus else {name: (0 if where == 0 else "cuda:0") for name, where in placement.items()}
+    record["two_gpus"] = args.two_gpus
 
     t0 = time.perf_counter()
     plain = load_decoder(target, "bfloat16", "cuda")
