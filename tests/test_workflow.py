@@ -126,3 +126,21 @@ def test_tiny_chain_config_and_checkpoint(tiny_run, tiny_model):
 
 def test_tiny_chain_second_run_plans_nothing(tiny_run):
     assert planned_jobs(tiny_run, "results/checkpoint/final") == {}
+
+
+def test_tiny_chain_job_logs_leave_out_repeated_noise(tiny_run):
+    """vLLM says why Triton is off in every process and speculators draws a bar per epoch: the
+    job logs leave both out (logs.NOISE, train.TRAINER_NOISE) and keep draftline's progress."""
+    import re
+
+    from draftline.logs import NOISE
+    from draftline.train import TRAINER_NOISE
+
+    # the server log is the vLLM server's own output (online mode), not a job's log
+    logs = {p: p.read_text(errors="replace") for p in (tiny_run / "logs").rglob("*.log") if p.name != "train_vllm_server.log"}
+    engine_jobs = [p for p in logs if p.parent.name in ("regenerate", "hidden_states") or p.name == "evaluate.log"]
+    assert len(engine_jobs) >= 4, sorted(map(str, logs))  # every kind of vLLM job is among them
+    for path, text in logs.items():
+        for noise in [start for _, start in NOISE] + list(TRAINER_NOISE):
+            assert noise not in text, f"{path}: {noise!r}"
+    assert re.search(r"\[draftline\] step \d+/\d+ \(epoch \d+/\d+\)", logs[tiny_run / "logs/train.log"])
