@@ -26,9 +26,10 @@ def _own_environment():
     engine._set_here.update(set_here)
 
 
-# The longest test file (the embedded default run, ~30 min on 2 cores) goes first: the test
-# command runs two pytest-xdist workers that take whole files in collection order, so it then
-# runs beside the rest instead of after it (measured: last, the suite took ~51 min).
+# The longest test file (the embedded default run, 12-25 min on 2 cores) goes first: the test
+# command runs two pytest-xdist workers that take whole files in collection order
+# (--no-loadscope-reorder: xdist would otherwise sort files by their number of tests, and this
+# one has three), so it runs beside the rest instead of after it.
 LONGEST_FIRST = ("tests/test_embedded_default.py",)
 
 
