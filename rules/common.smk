@@ -257,7 +257,7 @@ for _key in sorted(config):
 # draftline.disk; the rule is in rules/disk.smk).
 
 try:
-    TARGET_SHAPE = target_shape(TARGET.kind, TARGET.dir)
+    TARGET_SHAPE = target_shape(TARGET.kind, TARGET.config_folder)
     check_config(config, TARGET_SHAPE, DEVICE)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
@@ -329,9 +329,8 @@ def _sizing():
 
     if workflow.remote_exec or Path("results/checkpoint/final").exists():
         return
-    text = for_config(config, TARGET.kind, TARGET.dir, DEVICE, _train_gpus())
-    if text:
-        print(f"draftline: {text}", file=sys.stderr)
+    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), "results/prompts/summary.json")
+    print(f"draftline: {text}", file=sys.stderr)
 
 
 _sizing()

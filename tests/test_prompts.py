@@ -218,6 +218,30 @@ def test_hub_dataset_errors_name_the_source_and_the_fix(tmp_path, datasets_cache
         collect_prompts(["hf:acme/tiny-chats"])
 
 
+def test_every_format_is_counted_for_the_plan_as_the_prompts_job_reads_it(tmp_path, datasets_cache, monkeypatch):
+    """The plan's estimates count the sources' rows at parse time without reading them."""
+    import datasets
+
+    from draftline import sources
+
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_list([{"prompt": f"p{i}"} for i in range(3)]).save_to_disk(str(folder))
+    parquet = tmp_path / "chats.parquet"
+    datasets.Dataset.from_list([{"prompt": f"q{i}"} for i in range(4)]).to_parquet(str(parquet))
+    cache_hub_dataset(datasets_cache, "acme/tiny-chats", [{"prompt": f"h{i}"} for i in range(5)])
+    no_final_newline = write(tmp_path, jsonl({"prompt": "a"}, {"prompt": "b"}).rstrip("\n"))
+    paths = [no_final_newline, SHAREGPT, ROWS_JSON, str(folder), str(parquet), "hf:acme/tiny-chats"]
+    read = [sum(1 for _ in sources.read_source(p)[2]) for p in paths]
+    assert [sources.count_rows([p]) for p in paths] == [(n, None) for n in read]
+    assert sources.count_rows(paths) == (sum(read), None)
+    # a split the cache does not size, a JSON list too large to parse at plan time: why not
+    rows, why = sources.count_rows([SHAREGPT, "hf:acme/tiny-chats:test"])
+    assert rows is None and why == "hf:acme/tiny-chats:test: no cached dataset_info.json gives the size of split 'test'"
+    monkeypatch.setattr(sources, "COUNT_JSON_LIST_MAX_BYTES", 10)
+    rows, why = sources.count_rows([ROWS_JSON])
+    assert rows is None and why.startswith(f"{ROWS_JSON}: a JSON list of 0 MiB, counted by the prompts job")
+
+
 # ------------------------------------------------------------------------------- ids, dedupe
 
 

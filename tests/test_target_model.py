@@ -140,12 +140,15 @@ def test_local_folder_with_override_gets_a_view(tiny_model, tmp_path, override_f
     spec = resolve_target(str(tiny_model), chat_template=str(override_file), repo_root=tmp_path)
     assert (spec.kind, spec.needs_rule) == ("local", True)
     assert spec.dir == Path("resources/target") / tiny_model.name
+    # before the view is written, the plan's checks and estimates read the folder's own config.json
+    assert (spec.config_folder / "config.json").samefile(tiny_model / "config.json")
 
 
 def test_hub_id_not_cached_needs_a_rule(tmp_path, hub_cache, hub_online):
     spec = resolve_target("HuggingFaceTB/SmolLM2-360M-Instruct", repo_root=tmp_path)
     assert (spec.kind, spec.needs_rule, spec.name) == ("hub", True, "SmolLM2-360M-Instruct")
     assert spec.dir == Path("resources/target/SmolLM2-360M-Instruct")
+    assert spec.config_folder == spec.dir  # nothing to read before the download
     assert spec.commit == hub_online[("HuggingFaceTB/SmolLM2-360M-Instruct", None)]
 
 
@@ -232,6 +235,7 @@ def test_cached_hub_model_with_override_gets_a_view_of_the_snapshot(tiny_model, 
     snapshot = cache_model(hub_cache, tiny_model, COMMIT_A)
     spec = resolve_target(REPO_ID, chat_template=str(override_file), repo_root=tmp_path)
     assert (spec.needs_rule, spec.dir, spec.snapshot) == (True, Path("resources/target/tiny-chat"), snapshot)
+    assert spec.config_folder == snapshot  # the view is not written yet: the snapshot describes it
     out = build_target(spec, tmp_path / spec.dir)
     assert (out / "model.safetensors").resolve() == (snapshot / "model.safetensors").resolve()
     record = json.loads((out / PROVENANCE_FILE).read_text())

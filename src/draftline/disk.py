@@ -225,26 +225,12 @@ def row_lengths(dataset_dir: str | Path) -> list[int] | None:
 
 
 def planned_rows(prompts_summary: str | Path, config: dict) -> int | None:
-    """Training rows before tokenization: the prompts step's count once it ran, else
-    prompts.max_samples, else the lines of the JSONL sources less the held-out prompts (an upper
-    bound); None when only a dataset folder or JSON list could say."""
-    path = Path(prompts_summary)
-    if path.is_file():
-        try:
-            return int(json.loads(path.read_text())["train"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    prompts = config["prompts"]
-    if prompts.get("max_samples") is not None:
-        return int(prompts["max_samples"])
-    lines = 0
-    for source in prompts["sources"]:
-        src = Path(source)
-        if not (src.is_file() and src.suffix == ".jsonl"):
-            return None
-        with open(src, "rb") as f:
-            lines += sum(1 for line in f if line.strip())
-    return max(lines - int(prompts["validation"]) - int(prompts["test"]), 0)
+    """Training rows before tokenization (sizing.planned_training_rows: the prompts step's count
+    once it ran, else an upper bound from the sources and prompts.max_samples); None when no
+    source count is cheap and prompts.max_samples is unset."""
+    from draftline.sizing import planned_training_rows
+
+    return planned_training_rows(config, prompts_summary)[0]
 
 
 def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers: int, dtype: str,

@@ -213,44 +213,49 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
     )
 
 
-def count_lines(paths: list[Path]) -> int | None:
-    """Rows of JSONL sources (a quick byte count of newlines); None when one is not a file."""
-    total = 0
-    for path in paths:
-        if not Path(path).is_file():
-            return None
-        with open(path, "rb") as handle:
-            total += sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
-    return total
+def planned_training_rows(config: dict, prompts_summary: str | Path | None = None) -> tuple[int | None, str]:
+    """(training conversations, where the number comes from) before tokenization, or (None, why
+    not). The prompts job's count once it ran; before, the sources' rows (sources.count_rows)
+    less the held-out prompts, capped at prompts.max_samples: an upper bound, since duplicates
+    and rejected rows are known only to the prompts job."""
+    if prompts_summary is not None and Path(prompts_summary).is_file():
+        try:
+            return int(json.loads(Path(prompts_summary).read_text())["train"]), f"{prompts_summary}"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # being rewritten or damaged: count as before the prompts job
+    from draftline.sources import count_rows
 
-
-def training_conversations(config: dict, source_rows: int | None) -> int | None:
-    """Training conversations the config keeps: the sources' rows less the held-out ones, capped
-    at prompts.max_samples (duplicates and rejected rows not known before the prompts job)."""
     prompts = config["prompts"]
-    held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
-    rows = None if source_rows is None else max(source_rows - held_out, 0)
     cap = prompts["max_samples"]
+    rows, why_not = count_rows(prompts["sources"])
     if rows is None:
-        return cap
-    return rows if cap is None else min(rows, cap)
+        if cap is None:
+            return None, f"{why_not}; set prompts.max_samples to size the run before the prompts job"
+        return int(cap), "prompts.max_samples"
+    held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
+    rows = max(rows - held_out, 0)
+    return (rows, "the sources' rows less the held-out prompts") if cap is None or rows <= cap else \
+        (int(cap), "prompts.max_samples")  # fmt: skip
 
 
-def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int = 1) -> str | None:
-    """The plan's one-line estimate (None when the target's config.json is not there yet, or
-    the training conversations are not countable: a datasets folder without prompts.max_samples)."""
+def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int = 1,
+               prompts_summary: str | Path | None = None) -> str:  # fmt: skip
+    """The plan's one-line estimate, or a line saying what it waits for: the target's config.json
+    (a hub model still to download) or the count of training conversations (a source that cannot
+    be counted cheaply, without prompts.max_samples)."""
     config_json = Path(target_dir) / "config.json"
     if config_json.is_file():
         shape = shape_of(config_json)
     elif target_kind == "embedded":
         shape = SMOLLM2_135M
     else:
-        return None
-    sources = [Path(p) for p in config["prompts"]["sources"]]
-    rows = count_lines(sources) if all(p.suffix == ".jsonl" for p in sources) else None
-    conversations = training_conversations(config, rows)
+        return (f"no sizing estimate before the first job: the target's config.json is not in {target_dir} "
+                "yet (the target_model job downloads it; the next dry run prints the estimate)")  # fmt: skip
+    conversations, origin = planned_training_rows(config, prompts_summary)
+    if conversations is None:
+        return f"no sizing estimate before the first job: {origin}"
     if not conversations:
-        return None
+        return "no sizing estimate: no training conversations are left after the held-out prompts"
     plan = plan_from_config(config, conversations, train_gpus, device)
     return describe(estimate(shape, plan, device))
 

@@ -205,6 +205,61 @@ def source_files(paths: Sequence[str]) -> list[str]:
     return files
 
 
+# A .json list is parsed whole to count its rows before the first job; above this size the
+# count waits for the prompts job (parsing it at plan time would slow every dry run).
+COUNT_JSON_LIST_MAX_BYTES = 64 << 20
+
+
+def count_rows(paths: Sequence[str]) -> tuple[int | None, str | None]:
+    """(rows, None) across the sources without reading the rows, or (None, why not): JSONL lines,
+    a Parquet file's metadata, a save_to_disk folder's Arrow files (memory-mapped), a cached hub
+    split's dataset_info.json, a small .json list parsed. Blank lines and bad rows are counted, so
+    it is an upper bound of what the prompts job keeps. For the plan's estimates, at parse time."""
+    total = 0
+    for raw in paths:
+        try:
+            rows = _count_source(raw)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged source: the prompts job says how
+            return None, f"{raw} could not be counted ({type(exc).__name__}: {exc})"
+        if isinstance(rows, str):
+            return None, f"{raw}: {rows}"
+        total += rows
+    return total, None
+
+
+def _count_source(raw: str) -> int | str:
+    hub = hub_source(raw)
+    if hub is not None:
+        for folder in reversed(_hub_cache_dirs(raw, hub)):
+            splits = json.loads((folder / "dataset_info.json").read_text()).get("splits") or {}
+            if hub.split in splits:
+                return int(splits[hub.split]["num_examples"])
+        return f"no cached dataset_info.json gives the size of split {hub.split!r}"
+    path = Path(raw)
+    if path.is_dir():
+        import pyarrow as pa
+
+        state = json.loads((path / "state.json").read_text())
+        files = [path / f["filename"] for f in state["_data_files"]]
+        return sum(pa.ipc.open_stream(pa.memory_map(str(f))).read_all().num_rows for f in files)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if _is_json_list(path):
+        size = path.stat().st_size
+        if size > COUNT_JSON_LIST_MAX_BYTES:
+            return f"a JSON list of {size / 2**20:,.0f} MiB, counted by the prompts job (or write it as .jsonl)"
+        return len(json.loads(path.read_bytes().decode("utf-8-sig")))
+    lines = 0
+    with path.open("rb") as handle:
+        last = b"\n"
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
 def _check_exists(raw: str, path: Path) -> None:
     if not path.exists():
         raise PromptError(

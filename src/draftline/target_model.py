@@ -75,6 +75,16 @@ class TargetSpec:
     commit: str | None = None
     snapshot: Path | None = None
 
+    @property
+    def config_folder(self) -> Path:
+        """The folder whose config.json describes the target at parse time: `dir` once it is
+        there, else the local folder or cached snapshot a chat-template view is made from."""
+        if (self.dir / "config.json").is_file() or self.kind == "embedded":
+            return self.dir
+        if self.kind == "hub":
+            return self.snapshot or self.dir
+        return Path(self.source)
+
 
 def resolve_target(
     model_setting: str,
