@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from workflow import (
-    AFTER_TOKENIZE, REGENERATION, SNAKEMAKE, copy_run, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE, REGENERATION, REPO, SNAKEMAKE, copy_run, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config,
 )
 
 TARGET = "results/lineage.json"
@@ -125,7 +125,10 @@ def test_the_final_draft_names_its_target_by_hub_id_and_still_loads(tiny_run, tm
     leaks = [p.name for p in sorted(final.rglob("*")) if p.is_file() and p.name not in PROVENANCE_FILES
              and any(path in p.read_bytes() for path in local)]  # fmt: skip
     assert leaks == [], f"{leaks} in {final} hold the target's local path {target}"
-    assert f"--verifier-name-or-path {HUB_ID} " in (final / "train_command.txt").read_text()
+    command = (final / "train_command.txt").read_text()
+    assert f"--verifier-name-or-path {HUB_ID} " in command
+    # the command reruns from any checkout: no path of this one, the module by name
+    assert str(REPO) not in command and "\npython -m draftline.train_entry --" in command
     assert yaml.safe_load((final / "run.yaml").read_text())["train"]["verifier"]["verifier_name_or_path"] == HUB_ID
 
     # speculators loads the published draft by that name (from a hub cache, offline, as

@@ -364,3 +364,30 @@ def test_progress_counts_steps_from_one_with_the_time_left():
     recorder.first_step = None
     assert recorder.where(12, 100.0) == "step 13/30 (epoch 2/3)"  # a resumed run starts at its step
     assert recorder.where(14, 110.0) == "step 15/30 (epoch 2/3), about 0:01:15 left"  # 5 s a step, 15 to go
+
+
+def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout(tmp_path):
+    """final/'s copies of speculators' run.yaml and train_command.txt as speculators writes them
+    (sys.argv with the checkout's path to the entry module, the verifier's local path): renamed,
+    the rest kept, the comment lines first."""
+    import shlex
+
+    import yaml
+
+    from draftline.train import name_verifier_in_run_records
+
+    local = tmp_path / "models" / "tiny model"
+    entry = tmp_path / "checkout/src/draftline/train_entry.py"
+    argv = [str(entry), "--verifier-name-or-path", str(local), "--data-path", "results/tokenized/dataset"]
+    (tmp_path / "train_command.txt").write_text(f"# Timestamp: now\n# speculators: 0.9.0\n{shlex.join(argv)}\n")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"train": {"verifier": {"verifier_name_or_path": str(local)},
+                                                                 "epochs": 2}}))  # fmt: skip
+    name_verifier_in_run_records(tmp_path, "acme/Target-8B", local)
+
+    lines = (tmp_path / "train_command.txt").read_text().splitlines()
+    assert lines[:2] == ["# Timestamp: now", "# speculators: 0.9.0"] and lines[2].startswith("# draftline: ")
+    assert shlex.split(lines[3]) == ["python", "-m", "draftline.train_entry", "--verifier-name-or-path",
+                                     "acme/Target-8B", "--data-path", "results/tokenized/dataset"]  # fmt: skip
+    record = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}
+    assert str(tmp_path) not in (tmp_path / "train_command.txt").read_text() + (tmp_path / "run.yaml").read_text()

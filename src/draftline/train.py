@@ -694,7 +694,9 @@ def name_verifier_in_run_records(folder: Path, name: str, local_path: Path) -> N
     """Name the target `name` in the copies of speculators' run.yaml and train_command.txt in
     `folder` (final/), which record --verifier-name-or-path as training got it: the local path
     (`local_path`), which stays in draftline_provenance.json only. Each file says so in a comment;
-    the rest is speculators' record as written (run.yaml re-dumped as speculators dumps it)."""
+    the command starts as `python -m draftline.train_entry` (speculators records sys.argv[0], the
+    checkout's absolute path to the module); the rest is speculators' record as written (run.yaml
+    re-dumped as speculators dumps it)."""
     import shlex
 
     import yaml
@@ -721,6 +723,8 @@ def name_verifier_in_run_records(folder: Path, name: str, local_path: Path) -> N
         for argv in commands:
             if "--verifier-name-or-path" in argv:
                 argv[argv.index("--verifier-name-or-path") + 1] = name
+            if argv and argv[0].endswith("train_entry.py"):  # sys.argv[0]: this checkout's file
+                argv[:1] = ["python", "-m", "draftline.train_entry"]
         with atomic_file(command_file) as handle:
             handle.write("\n".join([*header, note, *(shlex.join(argv) for argv in commands)]) + "\n")
     for path in (run_yaml, command_file):
