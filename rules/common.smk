@@ -1,5 +1,6 @@
 # Config validation, the target's location, and small input functions shared by the rules.
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -22,11 +23,11 @@ from draftline.disk import (  # noqa: E402
     check_limit,
     parse_time_estimate,
     plan_lines,
-    planned_rows,
     row_lengths,
     upper_bound_estimate,
 )
 from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
+from draftline.sizing import planned_training_rows  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
@@ -263,6 +264,13 @@ except ConfigError as error:
     raise WorkflowError(str(error)) from None
 
 
+@functools.cache
+def _planned_rows():
+    """Training rows before tokenization, for the disk plan and the sizing: the sources counted
+    once a parse (draftline.sizing.planned_training_rows)."""
+    return planned_training_rows(config, "results/prompts/summary.json")
+
+
 def _hidden_state_disk_use():
     """While shards are still to extract (or in another format): print each stage's expected disk
     use for the chosen format and mode (from the tokenized summary, or before tokenization an
@@ -292,7 +300,7 @@ def _hidden_state_disk_use():
                               hs["format"])  # fmt: skip
     source = "from results/tokenized/summary.json"
     if est is None:
-        rows = planned_rows("results/prompts/summary.json", config)
+        rows = _planned_rows()[0]
         if rows is None:
             return
         max_seq_len = config["tokenize"]["max_seq_len"]
@@ -329,7 +337,7 @@ def _sizing():
 
     if workflow.remote_exec or Path("results/checkpoint/final").exists():
         return
-    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), "results/prompts/summary.json")
+    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows())
     print(f"draftline: {text}", file=sys.stderr)
 
 

@@ -87,7 +87,7 @@ def test_sizing_table_matches_the_measured_8b_rates():
     assert est["device_hours"]["regeneration"] == 0
 
 
-def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_path):
+def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_path, monkeypatch):
     """Before the first job: the count of the sources' rows less the held-out prompts (capped at
     prompts.max_samples), the prompts job's count once it ran, or a line naming what is missing."""
     import json
@@ -100,22 +100,23 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
     rows.write_text(json.dumps([{"prompt": f"question {i}"} for i in range(500)]))
     config = {"prompts": {"sources": [str(rows)], "validation": 20, "test": 30}}
     validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
-    line = sizing.for_config(config, "embedded", tmp_path / "absent", "cpu")
-    assert re.search(r"sizing for SmolLM2-135M on cpu: 450 training conversations x", line), line
+
+    def line(target_kind="embedded", target_dir=tmp_path, device="cpu", summary=None):
+        planned = sizing.planned_training_rows(config, summary)
+        return sizing.for_config(config, target_kind, target_dir, device, 1, planned)
+
+    assert re.search(r"sizing for SmolLM2-135M on cpu: 450 training conversations x", line()), line()
 
     config["prompts"]["max_samples"] = 100
-    assert " 100 training conversations x" in sizing.for_config(config, "embedded", tmp_path, "cpu")
+    assert " 100 training conversations x" in line()
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"train": 77}))
-    assert " 77 training conversations x" in sizing.for_config(config, "embedded", tmp_path, "cpu", 1, summary)
+    assert " 77 training conversations x" in line(summary=summary)
 
     config["prompts"]["max_samples"] = None
-    limit, sources.COUNT_JSON_LIST_MAX_BYTES = sources.COUNT_JSON_LIST_MAX_BYTES, 100
-    try:
-        line = sizing.for_config(config, "embedded", tmp_path, "cpu")
-    finally:
-        sources.COUNT_JSON_LIST_MAX_BYTES = limit
-    assert line.startswith(f"no sizing estimate before the first job: {rows}: a JSON list of ") and \
-        line.endswith("set prompts.max_samples to size the run before the prompts job"), line
-    line = sizing.for_config(config, "hub", tmp_path / "not-downloaded", "cuda")
-    assert line.startswith("no sizing estimate before the first job: the target's config.json is not in "), line
+    monkeypatch.setattr(sources, "COUNT_JSON_LIST_MAX_BYTES", 100)
+    text = line()
+    assert text.startswith(f"no sizing estimate before the first job: {rows}: a JSON list of ") and \
+        text.endswith("set prompts.max_samples to size the run before the prompts job"), text
+    text = line("hub", tmp_path / "not-downloaded", "cuda")
+    assert text.startswith("no sizing estimate before the first job: the target's config.json is not in "), text

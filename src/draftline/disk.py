@@ -224,15 +224,6 @@ def row_lengths(dataset_dir: str | Path) -> list[int] | None:
         return None
 
 
-def planned_rows(prompts_summary: str | Path, config: dict) -> int | None:
-    """Training rows before tokenization (sizing.planned_training_rows: the prompts step's count
-    once it ran, else an upper bound from the sources and prompts.max_samples); None when no
-    source count is cheap and prompts.max_samples is unset."""
-    from draftline.sizing import planned_training_rows
-
-    return planned_training_rows(config, prompts_summary)[0]
-
-
 def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers: int, dtype: str,
                          format: str = "full") -> dict:  # fmt: skip
     """Before tokenization: every training row filling tokenize.max_seq_len."""

@@ -213,14 +213,14 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
     )
 
 
-def planned_training_rows(config: dict, prompts_summary: str | Path | None = None) -> tuple[int | None, str]:
-    """(training conversations, where the number comes from) before tokenization, or (None, why
-    not). The prompts job's count once it ran; before, the sources' rows (sources.count_rows)
-    less the held-out prompts, capped at prompts.max_samples: an upper bound, since duplicates
-    and rejected rows are known only to the prompts job."""
+def planned_training_rows(config: dict, prompts_summary: str | Path | None = None) -> tuple[int | None, str | None]:
+    """(training conversations, None) before tokenization, or (None, why they cannot be counted).
+    The prompts job's count once it ran; before, the sources' rows (sources.count_rows) less the
+    held-out prompts, capped at prompts.max_samples: an upper bound, since duplicates and
+    rejected rows are known only to the prompts job."""
     if prompts_summary is not None and Path(prompts_summary).is_file():
         try:
-            return int(json.loads(Path(prompts_summary).read_text())["train"]), f"{prompts_summary}"
+            return int(json.loads(Path(prompts_summary).read_text())["train"]), None
         except (OSError, ValueError, KeyError, TypeError):
             pass  # being rewritten or damaged: count as before the prompts job
     from draftline.sources import count_rows
@@ -231,18 +231,16 @@ def planned_training_rows(config: dict, prompts_summary: str | Path | None = Non
     if rows is None:
         if cap is None:
             return None, f"{why_not}; set prompts.max_samples to size the run before the prompts job"
-        return int(cap), "prompts.max_samples"
-    held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
-    rows = max(rows - held_out, 0)
-    return (rows, "the sources' rows less the held-out prompts") if cap is None or rows <= cap else \
-        (int(cap), "prompts.max_samples")  # fmt: skip
+        return int(cap), None
+    rows = max(rows - (prompts["validation"] or 0) - (prompts["test"] or 0), 0)
+    return (rows if cap is None else min(rows, int(cap))), None
 
 
-def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int = 1,
-               prompts_summary: str | Path | None = None) -> str:  # fmt: skip
-    """The plan's one-line estimate, or a line saying what it waits for: the target's config.json
-    (a hub model still to download) or the count of training conversations (a source that cannot
-    be counted cheaply, without prompts.max_samples)."""
+def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int,
+               planned: tuple[int | None, str | None]) -> str:  # fmt: skip
+    """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
+    it waits for: the target's config.json (a hub model still to download) or the count of
+    training conversations (a source that cannot be counted cheaply, without prompts.max_samples)."""
     config_json = Path(target_dir) / "config.json"
     if config_json.is_file():
         shape = shape_of(config_json)
@@ -251,9 +249,9 @@ def for_config(config: dict, target_kind: str, target_dir: str | Path, device: s
     else:
         return (f"no sizing estimate before the first job: the target's config.json is not in {target_dir} "
                 "yet (the target_model job downloads it; the next dry run prints the estimate)")  # fmt: skip
-    conversations, origin = planned_training_rows(config, prompts_summary)
+    conversations, why_not = planned
     if conversations is None:
-        return f"no sizing estimate before the first job: {origin}"
+        return f"no sizing estimate before the first job: {why_not}"
     if not conversations:
         return "no sizing estimate: no training conversations are left after the held-out prompts"
     plan = plan_from_config(config, conversations, train_gpus, device)
