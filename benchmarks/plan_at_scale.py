@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from draftline.testing.tiny_model import build_tiny_model  # noqa: E402
+from record_run import git_commit, versions  # noqa: E402
 from workflow import REPO, SNAKEMAKE, fake_finished_run, planned_jobs, snakemake, write_config  # noqa: E402
 
 TARGET = "results/lineage.json"
@@ -96,18 +97,6 @@ hwm = status_kb("VmHWM")
 anon = {"peak_anon_mb": round(peak_anon[0] / 1024, 1)}
 print(json.dumps({"step": step, "wall_s": round(wall, 1), "peak_rss_mb": round(hwm / 1024, 1), **anon, **note}))
 '''
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True)
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    return {"python": platform.python_version(), **{p: version(p) for p in ("snakemake", "datasets", "transformers", "speculators")}}
 
 
 def timed(workdir: Path, *args: str) -> dict:
@@ -305,7 +294,8 @@ def main() -> None:
     args = parser.parse_args()
     record: dict = {
         "command": "PYTHONPATH=src:tests .venv/bin/python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "commit": git_commit(), "versions": versions(), "conversations": args.conversations,
+        "commit": git_commit(), "versions": versions("snakemake", "datasets", "transformers", "speculators"),
+        "conversations": args.conversations,
         "regenerate_shards": args.regen_shards,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs; 1-minute load at start {os.getloadavg()[0]:.2f}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

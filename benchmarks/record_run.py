@@ -17,11 +17,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 from datetime import datetime
 from pathlib import Path
 
 from pipeline_wall_time import stage_times
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def git_commit(*paths: str) -> str:
+    """This checkout's short commit, with "+dirty" when tracked files (under `paths`, if given)
+    differ from it: the code a benchmark measured."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
+                           capture_output=True, text=True)  # fmt: skip
+    return out.stdout.strip() + ("+dirty" + "".join(f" {p}" for p in paths) if dirty.stdout.strip() else "")
+
+
+def versions(*packages: str) -> dict:
+    """Python's version and each installed distribution's."""
+    from importlib.metadata import version
+
+    return {"python": platform.python_version(), **{p: version(p) for p in packages}}
 
 
 def _machine() -> dict:
