@@ -237,10 +237,7 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
         assert "stopping the hidden-state server" in (run / "logs/train.log").read_text()
 
     rerun = ("--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
-    if sig == signal.SIGKILL:
-        assert_locked_then_unlock(run, *rerun)
-    else:  # Snakemake stops gracefully on SIGTERM; unlocking is harmless either way
-        snakemake(run, "--unlock")
+    assert_locked_then_unlock(run, *rerun, sig=sig)
     snakemake(run, *rerun)
     log = (run / "logs/train.log").read_text()
     start_line = re.findall(r"resuming after epoch \d+ of \d+|resuming in epoch \d+ of \d+ after its step \d+|fresh start", log)[-1]

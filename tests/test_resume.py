@@ -117,10 +117,12 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 900, sig: int = si
     proc.wait()
 
 
-def assert_locked_then_unlock(workdir: Path, *rerun: str) -> None:
-    """After a kill Snakemake's lock stays: the rerun refuses to start until --unlock."""
-    refused = snakemake(workdir, *rerun, check=False)
-    assert refused.returncode != 0 and "--unlock" in refused.stdout + refused.stderr
+def assert_locked_then_unlock(workdir: Path, *rerun: str, sig: int = signal.SIGKILL) -> None:
+    """After SIGKILL Snakemake's lock stays: the rerun refuses to start until --unlock. On
+    SIGTERM Snakemake stops gracefully and may release it; unlocking is harmless either way."""
+    if sig == signal.SIGKILL:
+        refused = snakemake(workdir, *rerun, check=False)
+        assert refused.returncode != 0 and "--unlock" in refused.stdout + refused.stderr
     snakemake(workdir, "--unlock")
 
 
@@ -154,10 +156,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
 
     rerun = ("--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
-    if sig == signal.SIGKILL:
-        assert_locked_then_unlock(run, *rerun)
-    else:  # Snakemake stops gracefully on SIGTERM; unlocking is harmless either way
-        snakemake(run, "--unlock")
+    assert_locked_then_unlock(run, *rerun, sig=sig)
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
         "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
