@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.settings.types import RerunTrigger
 from snakemake.utils import validate
 
@@ -170,17 +170,44 @@ def target_input():
 
 
 def conversations_to_tokenize():
-    """The regenerated conversations as `ancient`: their mtime changes whenever the merge runs
-    (a new shard count), their content only when regeneration_settings() does, which is what
-    tokenize follows."""
+    """What tokenize reads: the prompts, or the regenerated conversations as `ancient` (their
+    mtime changes whenever the merge runs, e.g. for a new shard count); what decides when they
+    changed is `merged_answers()` (their content) and `regeneration_settings()`."""
     if config["regenerate"]["enabled"]:
-        return ancient("results/regenerated/conversations.jsonl")
+        return _after_merge("conversations")
     return "results/prompts/prompts.jsonl"
+
+
+def merged_answers():
+    """The merged conversations' sha256 file, so tokenize (and what follows) reruns exactly when
+    the merge wrote other answers. On GPUs vLLM's answers can change with batch composition, so
+    a new shard count or chunk size may give other answers, or the same; which one is known only
+    once the merge has run: regenerate_merge is a checkpoint, after which Snakemake re-plans
+    tokenize, and Snakemake compares the file by its recorded checksum (files under 1 MB), so the
+    same answers rewritten rerun nothing."""
+    return _after_merge("answers") if config["regenerate"]["enabled"] else []
+
+
+def _after_merge(output):
+    """An input function: `output` of checkpoint regenerate_merge (the conversations `ancient`).
+    While the merge is still to run: Snakemake's own checkpoint target (the merged file), marked
+    ancient so that planning the merge does not plan tokenize by itself; Snakemake decides
+    tokenize again once the merge is done."""
+
+    def after_merge(wildcards):
+        try:
+            merged = checkpoints.regenerate_merge.get().output
+        except IncompleteCheckpointException as incomplete:
+            return ancient(incomplete.targetfile)
+        return ancient(merged.conversations) if output == "conversations" else merged[output]
+
+    return after_merge
 
 
 def regeneration_settings():
     """What decides the regenerated answers (target, settings, code, prompts by content):
-    rewritten only when those change, so tokenize reruns then and not for a new shard count."""
+    rewritten only when those change, so tokenize reruns then (and the dry run shows it before
+    anything runs) and not for a new shard count."""
     return "results/regenerated/settings.json" if config["regenerate"]["enabled"] else []
 
 

@@ -33,7 +33,8 @@ localrules:
 
 
 # Cheap: tokenize reads this file (not the merged file's mtime) to know when the answers can
-# have changed, so a new shard count alone reruns nothing after the merge.
+# have changed, so a new shard count alone plans nothing after the merge (whether its answers
+# are the same is decided after the merge, by their sha256).
 rule regenerate_settings:
     input:
         conversations="results/prompts/prompts.jsonl",
@@ -78,13 +79,17 @@ rule regenerate_shard:
         "../scripts/regenerate.py"
 
 
-rule regenerate_merge:
+# A checkpoint: tokenize is planned again once the merge has run, and reruns only when the
+# answers' sha256 changed (rules/common.smk merged_answers).
+checkpoint regenerate_merge:
     input:
         shards=regeneration_shards(),
         settings="results/regenerated/settings.json",
     output:
         conversations="results/regenerated/conversations.jsonl",
         summary="results/regenerated/summary.json",
+        # `<sha256>  conversations.jsonl` (sha256sum's format): changes only with the answers
+        answers="results/regenerated/conversations.sha256",
     log:
         "logs/regenerate/merge.log",
     benchmark:

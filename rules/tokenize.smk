@@ -6,8 +6,11 @@ rule tokenize:
     input:
         target=target_input(),
         conversations=conversations_to_tokenize(),
-        # decides when regenerated conversations changed (their file is ancient): not for a new shard count
+        # decide when the regenerated conversations changed (their file is ancient): the settings
+        # that decide the answers, and the answers' sha256 (after the merge: not for a new shard
+        # count that gives the same answers, but for one that gives other answers, as on GPUs)
         regeneration=regeneration_settings(),
+        answers=merged_answers(),
     output:
         dataset=directory("results/tokenized/dataset"),
         token_freq="results/tokenized/token_freq.pt",

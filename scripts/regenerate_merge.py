@@ -6,5 +6,8 @@ from draftline.regenerate import merge_shards
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
-    merge_shards(snakemake.input.shards, snakemake.input.settings, snakemake.output.conversations, snakemake.output.summary)
+    merge_shards(
+        snakemake.input.shards, snakemake.input.settings, snakemake.output.conversations, snakemake.output.summary,
+        snakemake.output.answers,
+    )
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -19,12 +19,17 @@ Sharded and resumable, in three rules:
   `results/regenerated/.staging/<answer key>/` (no output, so Snakemake never deletes it): a
   killed job's rerun answers only the conversations no chunk holds, and so does a job of a new
   shard count. Staging of other keys is removed.
-- `merge_shards` (rule regenerate_merge, CPU): the shards' rows, streamed in the prompts
-  file's order, into `results/regenerated/conversations.jsonl`, their statistics summed.
+- `merge_shards` (checkpoint regenerate_merge, CPU): the shards' rows, streamed in the prompts
+  file's order, into `results/regenerated/conversations.jsonl`, their statistics summed, and
+  the merged file's sha256 in `conversations.sha256`. Tokenization follows that file (and the
+  answer key), so it reruns when the merge wrote other answers and not when it wrote the same.
 
-An answer does not depend on the shard or chunk its conversation lands in: each request's seed
-is a function of the conversation's index in the prompts file and the turn (and greedy
-decoding on CPU gives the same tokens in any batch).
+An answer is meant not to depend on the shard or chunk its conversation lands in: each request's
+seed is a function of the conversation's index in the prompts file and the turn, and greedy
+decoding on CPU gives the same tokens in any batch. On GPUs vLLM's answers can change with the
+batch's composition, so conversations answered again in other batches (a new shard count or
+chunk size without their staged chunks) can get other answers: the sha256 then differs and
+tokenization reruns.
 """
 
 from __future__ import annotations
@@ -597,11 +602,13 @@ def _answer_and_stage(llm, pending, settings, chat_template, staging: Staging, p
 
 
 def merge_shards(
-    shard_dirs: Sequence[str | Path], settings_path: str | Path, out_conversations: str | Path, out_summary: str | Path
+    shard_dirs: Sequence[str | Path], settings_path: str | Path, out_conversations: str | Path, out_summary: str | Path,
+    out_answers: str | Path | None = None,
 ) -> dict:
     """The shards' rows, streamed in shard order (= the prompts file's order), into
-    `out_conversations`; `out_summary` sums their counters. Errors when the shards do not
-    tile the prompts file or were made with other settings than `settings_path`."""
+    `out_conversations`; `out_summary` sums their counters; `out_answers` (`write_answers_digest`)
+    is the merged file's sha256, what tokenization follows. Errors when the shards do not tile
+    the prompts file or were made with other settings than `settings_path`."""
     answer = read_answer_settings(settings_path)
     summaries = []
     expected_start = 0
@@ -636,6 +643,7 @@ def merge_shards(
                 raise ValueError(f"{folder / SHARD_CONVERSATIONS}: {n} rows, its summary says {s['rows_out']}; rerun that shard")
 
     conversation_file.write(out_conversations, rows())
+    sha256 = write_answers_digest(out_conversations, out_answers) if out_answers else sha256_file(out_conversations)
     answered = [s for s in summaries if s["answered"]]
     seconds = sum(s["seconds"] for s in answered)
     summary = {
@@ -646,8 +654,20 @@ def merge_shards(
                                      "tokens_per_second")} for s in summaries],  # fmt: skip
         "key": answer["key"],
         "settings": answer["answers"],
+        "sha256": sha256,  # of the merged file
     }
     _write_json(out_summary, summary)
-    log.info("merged %d shards into %s", len(shard_dirs), out_conversations)
+    log.info("merged %d shards into %s (sha256 %s)", len(shard_dirs), out_conversations, sha256[:12])
     _log_summary(stats, answer["answers"].get("max_new_tokens"))
     return summary
+
+
+def write_answers_digest(conversations: str | Path, out: str | Path) -> str:
+    """`out`: `<sha256>  <file name>` of the merged conversations (sha256sum's format, so `sha256sum
+    -c` checks it from its folder); return the sha256. Its content changes only when the
+    conversations do, which is what the tokenize rule follows (on GPUs another shard count or
+    chunk size can give other answers: vLLM's can change with the batch)."""
+    sha256 = sha256_file(conversations)
+    with atomic_file(out, encoding="utf-8") as handle:
+        handle.write(f"{sha256}  {Path(conversations).name}\n")
+    return sha256
