@@ -44,7 +44,8 @@ rule train:
         versions=versions("speculators", "torch", "transformers"),
         runs_dir="results/checkpoint/runs",
         # offline, or online with what decides the server's states (hidden_states.online_server_timeout_s
-        # is read from the config: it does not)
+        # and online_max_skipped_samples are read from the config: they do not, and a published
+        # checkpoint stays as it is when they change)
         hidden_states=(
             {"mode": "online", "server_gpus": config["hidden_states"]["online_server_gpus"],
              "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"]}

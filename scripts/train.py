@@ -16,7 +16,9 @@ if __name__ == "__main__":
         mode=hidden["mode"],
         **(
             {"server_gpus": hidden["server_gpus"], "max_seq_len": hidden["max_seq_len"], "dtype": hidden["dtype"],
+             # read from the config, not params: neither changes a published checkpoint
              "ready_timeout_s": snakemake.config["hidden_states"]["online_server_timeout_s"],
+             "max_skipped_samples": snakemake.config["hidden_states"]["online_max_skipped_samples"],
              "server_log": snakemake.log.server}
             if online else {}
         ),

@@ -299,3 +299,142 @@ def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_p
     train_entry.patch_lock_wait_in_workers()
     # spawned workers get the init function by reference: it must pickle as draftline's
     assert pickle.loads(pickle.dumps(dataloader._worker_init_fn)) is train_entry._worker_init
+
+
+# A stand-in for the online server (no vLLM): vLLM's API as speculators' client uses it (GET
+# /v1/models; POST /v1/completions with the row's token ids, answered with the path of a
+# hidden-state file it wrote, random states of the right shape) that fails the rows listed in
+# FAIL_FILE: one the way a failed connector write looks (a path with no file behind it), the
+# other with an answer missing kv_transfer_params. Each request's row is appended to REQUESTS.
+FAILING_SERVER = r"""
+import http.server, json, sys, uuid
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+port, name, storage, fail_file, requests = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4], sys.argv[5]
+hidden, layers = int(sys.argv[6]), int(sys.argv[7])
+fail = {tuple(ids): how for ids, how in json.loads(Path(fail_file).read_text())}
+storage.mkdir(parents=True, exist_ok=True)
+
+
+class Server(http.server.BaseHTTPRequestHandler):
+    def _answer(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._answer({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "test"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = [int(i) for i in body["prompt"]]
+        how = fail.get(tuple(ids))
+        with open(requests, "a") as log:
+            log.write(json.dumps({"ids": ids, "failed": how}) + "\n")
+        path = storage / f"{uuid.uuid4().hex}.safetensors"
+        if how is None:
+            states = np.random.default_rng(len(ids)).standard_normal((len(ids), layers, hidden)).astype(np.float32)
+            save_file({"hidden_states": states, "token_ids": np.asarray(ids, dtype=np.int64)}, str(path))
+        answer = {"id": "c", "object": "text_completion", "created": 0, "model": name,
+                  "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
+                               "prompt_token_ids": ids}]}
+        if how != "no_transfer_params":
+            answer["kv_transfer_params"] = {"hidden_states_path": str(path)}  # no file behind it for "no_file"
+        self._answer(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Server).serve_forever()
+"""
+
+
+@pytest.fixture
+def online_inputs(tiny_model, tmp_path):
+    """The tiny target's training inputs without hidden-state files (online mode makes them)."""
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+    from test_train import AUX, DRAFT_VOCAB, build_dataset
+
+    from draftline.speculator_config import write_speculator_config
+    from draftline.train import TrainInputs
+    from draftline.vocab import write_vocab
+
+    root = tmp_path / "inputs"
+    dataset = build_dataset(tiny_model, root / "tokenized" / "dataset")
+    save_token_frequency_distribution(dataset, root / "tokenized" / "token_freq.pt")
+    (root / "layer_ids.json").write_text(json.dumps({"aux": AUX, "extracted": [*AUX, 8], "num_hidden_layers": 8}))
+    write_vocab(root / "tokenized" / "token_freq.pt", tiny_model, DRAFT_VOCAB,
+                root / "vocab" / "d2t.npy", root / "vocab" / "t2d.npy", root / "vocab" / "summary.json")  # fmt: skip
+    write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", DRAFT_VOCAB)
+    inputs = TrainInputs(config_dir=root / "config", dataset=root / "tokenized" / "dataset", hidden_states=None,
+                         d2t=root / "vocab" / "d2t.npy", t2d=root / "vocab" / "t2d.npy",
+                         layer_ids=root / "layer_ids.json", target=str(tiny_model))  # fmt: skip
+    return inputs, dataset
+
+
+@pytest.mark.dag
+def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(online_inputs, tmp_path, monkeypatch):
+    """speculators' Trainer (online, --on-missing generate) skips a sample whose hidden states
+    the server did not give after its retries, with only a warning. Here the server fails a
+    training row and a validation row: with the default hidden_states.online_max_skipped_samples
+    (0) the job fails before publishing, naming the count and the setting; allowing 2, the rerun
+    publishes without training again and the checkpoint's provenance and the summary hold the
+    count."""
+    import sys
+
+    from draftline.summary import build_summary, to_markdown
+    from draftline.train import HiddenStateSource, TrainSettings, train
+
+    inputs, dataset = online_inputs
+    # 16 rows, train_fraction 0.75: rows 0-11 train, 12-15 validate
+    failing = {2: "no_file", 13: "no_transfer_params"}
+    fail_file, requests = tmp_path / "fail.json", tmp_path / "requests.jsonl"
+    fail_file.write_text(json.dumps([[dataset[row]["input_ids"].tolist(), how] for row, how in failing.items()]))
+    script = tmp_path / "failing_server.py"
+    script.write_text(FAILING_SERVER)
+
+    def stand_in(settings, port, storage):
+        return [sys.executable, str(script), str(port), settings.target_dir, str(storage), str(fail_file),
+                str(requests), "128", str(len(settings.extracted))]  # fmt: skip
+
+    monkeypatch.setattr(vllm_server, "server_command", stand_in)
+    results = tmp_path / "results"
+    runs, final = results / "checkpoint/runs", results / "checkpoint/final"
+    settings = TrainSettings(epochs=1, total_seq_len=256, train_fraction=0.75, num_workers=0)
+
+    def source(allowed: int) -> HiddenStateSource:
+        return HiddenStateSource(mode="online", ready_timeout_s=60, max_seq_len=256, dtype="float32",
+                                 server_log=str(tmp_path / "logs/train_vllm_server.log"), max_skipped_samples=allowed)  # fmt: skip
+
+    with pytest.raises(RuntimeError) as failed:
+        train(inputs, settings, runs, final, threads=2, source=source(0))
+    message = str(failed.value)
+    assert "skipped 2 sample(s) (1 in training, 1 in validation" in message, message
+    assert "hidden_states.online_max_skipped_samples is 0" in message
+    assert "set hidden_states.online_max_skipped_samples: 2 (or more)" in message
+    assert not final.exists()
+    # each failing row was asked for 3 times (speculators' generation retries) before it was skipped
+    asked = [json.loads(line) for line in requests.read_text().splitlines()]
+    for row, how in failing.items():
+        ids = dataset[row]["input_ids"].tolist()
+        assert [r["failed"] for r in asked if r["ids"] == ids] == [how] * 3, row
+    assert all(r["failed"] is None for r in asked if r["ids"] not in [dataset[i]["input_ids"].tolist() for i in failing])
+
+    # allowed: the finished epoch is published as it is (no request: nothing is trained again)
+    requests.unlink()
+    train(inputs, settings, runs, final, threads=2, source=source(2))
+    assert not requests.exists()
+    provenance = json.loads((final / "draftline_provenance.json").read_text())
+    assert provenance["skipped_samples"] == {"total": 2, "training": 1, "validation": 1, "allowed": 2,
+                                             "per_epoch": {"1": {"training": 1, "validation": 1}}}  # fmt: skip
+    summary = build_summary(results, run_name="online", target="tiny", device="cpu")
+    assert summary["training"]["skipped_samples"]["total"] == 2
+    assert any("skipped 2 sample(s)" in w and "online_max_skipped_samples allows 2" in w for w in summary["warnings"])
+    assert "Samples skipped without hidden states: 2 (1 in training, 1 in validation; 2 allowed)." in to_markdown(summary)

@@ -3,8 +3,9 @@
 What it holds: the run's name and target, data counts (prompts, regenerated answers, tokenized
 rows and tokens), truncation shares (answers cut at regenerate.max_new_tokens, conversations cut
 at tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake's benchmark
-files, longest first), the published epoch (counted from 1, as in every log), acceptance per
-prompt set (trained vs untrained draft, per position) and warnings a user should act on.
+files, longest first), the published epoch (counted from 1, as in every log) and the samples the
+Trainer skipped without hidden states, acceptance per prompt set (trained vs untrained draft,
+per position) and warnings a user should act on.
 Nothing here is measured again: every figure names the file it comes from.
 """
 
@@ -130,7 +131,17 @@ def build_summary(
             "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
             "device": provenance.get("device"), "world_size": provenance.get("world_size"),
             "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
+            # samples the Trainer skipped without hidden states (online: the server gave none)
+            "skipped_samples": provenance.get("skipped_samples"),
         }  # fmt: skip
+        skipped = training["skipped_samples"] or {}
+        if skipped.get("total"):
+            warnings.append(
+                f"speculators' Trainer skipped {skipped['total']} sample(s) without hidden states "
+                f"({skipped.get('training', 0)} in training, {skipped.get('validation', 0)} in validation; "
+                f"hidden_states.online_max_skipped_samples allows {skipped.get('allowed')}): the server gave none "
+                "for them, see logs/train.log (results/checkpoint/final/draftline_provenance.json)"
+            )
 
     accept = acceptance_table(acceptance) if acceptance else pd.DataFrame()
     if not accept.empty and device == "cpu":
@@ -217,6 +228,12 @@ def to_markdown(summary: dict) -> str:
                   f"Published epoch {training['chosen_epoch']} of {training['epochs']} ({training['reason']}); "
                   f"{training['optimizer']} on {training['device']} x {training['world_size']}, "
                   f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]  # fmt: skip
+        skipped = training.get("skipped_samples")
+        if skipped is not None:
+            lines[-1:-1] = [
+                f"Samples skipped without hidden states: {skipped['total']} ({skipped['training']} in training, "
+                f"{skipped['validation']} in validation; {skipped['allowed']} allowed).",
+            ]
     data, truncation = summary["data"], summary["truncation"]
     lines += ["## Data", "", "| what | count |", "|---|---|"]
     lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]

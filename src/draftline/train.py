@@ -102,6 +102,8 @@ class HiddenStateSource:
     max_seq_len: int = default("tokenize", "max_seq_len")  # the server's max_model_len - 1
     dtype: str = "auto"  # the planned engine dtype
     server_log: str = "logs/train_vllm_server.log"
+    # samples the Trainer may skip for want of the server's hidden states (0 offline: files are checked)
+    max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
 
     @property
     def online(self) -> bool:
@@ -622,6 +624,7 @@ def train(
     else:
         run(inputs)
     log.info("trainer finished in %.1f s", time.monotonic() - started)
+    skipped = check_skipped_samples(metrics_path, source, run_dir)
 
     losses = metrics.val_losses(metrics_path)
     has_validation = settings.train_fraction < 1.0
@@ -670,6 +673,8 @@ def train(
             "hidden_states": server_record or {"mode": "offline", "path": str(inputs.hidden_states)},
             "wall_s": round(time.monotonic() - started, 1),
             "rows": facts["rows"],
+            # sample loads the Trainer skipped without hidden states, and how many were allowed
+            "skipped_samples": skipped,
             "throughput": throughput,
             "inputs": fingerprints,
             # the checkpoint names the target by verifier_name; trained against this folder
@@ -679,6 +684,39 @@ def train(
     if not settings.keep_old_runs:
         prune_old_runs(Path(runs_dir), keep=key)
     return Path(final_dir)
+
+
+def check_skipped_samples(metrics_path: Path, source: HiddenStateSource, run_dir: Path) -> dict:
+    """The samples speculators' Trainer skipped (`metrics.skipped_samples`, counted by
+    train_entry.install_skip_counter) with the number allowed (`allowed`); more than allowed stops
+    the job before anything is published."""
+    skipped = metrics.skipped_samples(metrics_path)
+    allowed = source.max_skipped_samples if source.online else 0
+    total = skipped["total"]
+    where = f"{skipped['training']} in training, {skipped['validation']} in validation"
+    if total > allowed:
+        setting = "hidden_states.online_max_skipped_samples"
+        cause = (
+            f"the hidden-state server gave none for them after speculators' retries (the Trainer's warnings "
+            f"above name each sample; the server's log is {source.server_log})" if source.online
+            else "their hidden-state files did not match the dataset"
+        )
+        raise RuntimeError(
+            f"speculators' Trainer skipped {total} sample(s) ({where}; per epoch {skipped['per_epoch']}): {cause}. "
+            + (
+                f"{setting} is {allowed}, so nothing is published. To accept them, set {setting}: {total} (or more) "
+                f"and rerun: the finished epochs in {run_dir} are kept and nothing is trained again. To train "
+                f"without them, fix what made the server fail, delete {run_dir} and rerun."
+                if source.online else
+                f"Nothing is published: delete {run_dir} and rerun the hidden_states step."
+            )
+        )  # fmt: skip
+    if total:
+        log.warning("speculators' Trainer skipped %d sample(s) (%s), %d allowed (%s)", total, where, allowed,
+                    "hidden_states.online_max_skipped_samples")  # fmt: skip
+    else:
+        log.info("no sample skipped")
+    return {**skipped, "allowed": allowed}
 
 
 def name_verifier(config_path: Path, name: str) -> None:

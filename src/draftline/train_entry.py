@@ -24,6 +24,14 @@ after three narrow additions:
 - a second SIGTERM (Slurm signals every process of a job, and draftline's job process forwards
   its own) neither deadlocks speculators' signal handler nor cuts its interrupt save; SIGKILL
   still ends it.
+- samples the Trainer skips are counted (`install_skip_counter`): with `--on-missing generate`,
+  a sample whose hidden states the server did not give after speculators' retries becomes a
+  `SampleUnavailable` that its collator drops from the batch, counting it in the batch's
+  `error_records`, and the Trainer only logs a warning. Every batch passes through
+  `BatchRecoveryCoordinator.consume` (training and validation) before it is used: there each
+  batch's `error_records` is appended to $DRAFTLINE_METRICS_PATH as a `skipped_samples` record
+  (every rank, with its epoch and phase), which draftline.train sums and checks against
+  `hidden_states.online_max_skipped_samples` before publishing.
 """
 
 from __future__ import annotations
@@ -127,6 +135,7 @@ class MetricsRecorder(logging.Handler):
         self.steps_per_epoch: int | None = None
         self.epochs: int | None = None
         self.first_step: tuple[int, float] | None = None  # (global step, time) of this process's first
+        self.current_epoch: int | None = None  # the epoch under way (0-based, speculators' own)
 
     def where(self, global_step: int, now: float) -> str:
         """`step N/M (epoch e/E), about H:MM:SS left`: steps counted from 1, the time left from
@@ -206,8 +215,8 @@ def install_metrics_recorder(path: str | None) -> MetricsRecorder:
 
 
 def install_step_counts(recorder: MetricsRecorder) -> None:
-    """Tell the recorder the steps per epoch and the epochs, from the Trainer speculators builds
-    (a subclass that only reads them before running its own loop)."""
+    """Tell the recorder the steps per epoch, the epochs and the epoch under way, from the Trainer
+    speculators builds (a subclass that only reads them before running its own loops)."""
     import speculators.train.cli as cli
 
     class Trainer(cli.Trainer):
@@ -216,7 +225,52 @@ def install_step_counts(recorder: MetricsRecorder) -> None:
             recorder.epochs = self.config.num_epochs
             return super().run_training()
 
+        def train_epoch(self, epoch, *args, **kwargs):
+            recorder.current_epoch = epoch
+            return super().train_epoch(epoch, *args, **kwargs)
+
+        def val_epoch(self, epoch, *args, **kwargs):
+            recorder.current_epoch = epoch
+            return super().val_epoch(epoch, *args, **kwargs)
+
     cli.Trainer = Trainer
+
+
+SKIPPED_KEY = "error_records"  # the collator's count of the samples it dropped from a batch
+
+
+def install_skip_counter(recorder: MetricsRecorder) -> None:
+    """Count the samples speculators' collator dropped from each batch (see the module docstring):
+    a wrapper of `BatchRecoveryCoordinator.consume`, the one call every training and validation
+    batch makes before it is used, which reads the batch's `error_records` and then runs
+    speculators' own consume unchanged."""
+    from speculators.train.recovery import BatchRecoveryCoordinator
+
+    real_consume = BatchRecoveryCoordinator.consume
+    rank = int(os.environ.get("RANK", "0"))
+    seen = {"training": 0, "validation": 0}
+
+    def consume(self, batch, *args, **kwargs):
+        if SKIPPED_KEY not in batch:
+            raise RuntimeError(
+                f"speculators' {self.phase} batch has no {SKIPPED_KEY!r} (keys {sorted(batch)}): draftline cannot "
+                "count skipped samples with this speculators version (draftline.train_entry.install_skip_counter)"
+            )
+        skipped = int(batch[SKIPPED_KEY])
+        if skipped:
+            seen[self.phase] = seen.get(self.phase, 0) + skipped
+            epoch = recorder.current_epoch
+            if recorder.path:
+                metrics.append(recorder.path, {"time": time.time(), "skipped_samples": skipped, "phase": self.phase,
+                                               "epoch": epoch, "rank": rank})  # fmt: skip
+            _progress(
+                f"{self.phase} epoch {_human(epoch)}: speculators dropped {skipped} sample(s) from a batch on rank "
+                f"{rank}, without their hidden states (its warning above says why); {seen[self.phase]} in "
+                f"{self.phase} so far"
+            )
+        return real_consume(self, batch, *args, **kwargs)
+
+    BatchRecoveryCoordinator.consume = consume
 
 
 def ignore_repeated_sigterm() -> None:
@@ -267,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         quiet_cpu_warnings()
     recorder = install_metrics_recorder(os.environ.get("DRAFTLINE_METRICS_PATH"))
     install_step_counts(recorder)
+    install_skip_counter(recorder)
     ignore_repeated_sigterm()
     if os.environ.get("DRAFTLINE_HS_LOCK_TIMEOUT_S"):
         patch_lock_wait(float(os.environ["DRAFTLINE_HS_LOCK_TIMEOUT_S"]))

@@ -2,8 +2,10 @@
 
 One JSON record per line, appended by `draftline.train_entry` inside speculators' Trainer:
 step records carry `profile` (`step_ms`, `tokens_per_s`), epoch records `train`/`val` with
-`loss_epoch`. Read by training (the chosen epoch, throughput), the report's loss plot and the
-CUDA benchmarks, all through `records`.
+`loss_epoch`, and a batch from which speculators dropped samples (no hidden states for them) a
+`skipped_samples` record (count, `phase` training/validation, `epoch`, `rank`). Read by training
+(the chosen epoch, throughput, skipped samples), the report's loss plot and the CUDA benchmarks,
+all through `records`.
 """
 
 from __future__ import annotations
@@ -77,3 +79,22 @@ def throughput(path: str | Path) -> dict:
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "median_step_tokens_per_s": round(rates[len(rates) // 2], 1) if rates else None,
     }
+
+
+def skipped_samples(path: str | Path) -> dict:
+    """Samples speculators' Trainer dropped, summed over ranks and every attempt of the run (a
+    resumed run keeps the records of the attempt a kill cut short, so a sample of a step that is
+    trained again can count twice: never fewer than the published weights missed). `total`,
+    `training`, `validation`, and `per_epoch` (epochs counted from 1, as in the logs)."""
+    phases = {"training": 0, "validation": 0}
+    per_epoch: dict[str, dict[str, int]] = {}
+    for record in records(path):
+        if "skipped_samples" not in record:
+            continue
+        count, phase = int(record["skipped_samples"]), str(record.get("phase"))
+        phases[phase] = phases.get(phase, 0) + count
+        epoch = record.get("epoch")
+        key = str(epoch + 1) if isinstance(epoch, int) else str(epoch)
+        per_epoch.setdefault(key, {})
+        per_epoch[key][phase] = per_epoch[key].get(phase, 0) + count
+    return {"total": sum(phases.values()), **phases, "per_epoch": per_epoch}
