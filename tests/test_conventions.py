@@ -57,7 +57,7 @@ def rule_directives() -> dict[str, list[str]]:
     for path in sorted((REPO / "rules").glob("*.smk")):
         lines = path.read_text().splitlines()
         for i, line in enumerate(lines):
-            m = re.match(r"^(\s*)rule (\w+):", line)
+            m = re.match(r"^(\s*)(?:rule|checkpoint) (\w+):", line)
             if not m:
                 continue
             indent = len(m.group(1)) + 4

@@ -157,20 +157,60 @@ def test_prompts_file_added_reruns_what_depends_on_prompts(run):
 def test_a_new_regeneration_shard_count_reruns_nothing_after_the_merge(run):
     """The answers do not depend on the shard count: the new shards take every answer from the
     staged chunks (no engine starts), the merge writes the same bytes, and tokenize (which
-    follows results/regenerated/settings.json, not the merged file's mtime) and all after it
-    stay as they are."""
+    follows results/regenerated/settings.json and the answers' sha256, not the merged file's
+    mtime) and all after it stay as they are."""
     merged = run / "results/regenerated/conversations.jsonl"
     before = merged.read_bytes()
+    digest = (run / "results/regenerated/conversations.sha256").read_text()
     tokenized = (run / "results/tokenized/summary.json").stat().st_mtime_ns
     edit_config(run, regenerate={"shards": 3})
     assert planned_jobs(run, TARGET) == {"regenerate_shard": 3, "regenerate_merge": 1}
     snakemake(run, "--cores", "2", TARGET)
     assert merged.read_bytes() == before
+    assert (run / "results/regenerated/conversations.sha256").read_text() == digest  # rewritten, same content
     shards = [json.loads((run / f"results/regenerated/shard_{k}/summary.json").read_text()) for k in range(3)]
     assert [s["answered"] for s in shards] == [0, 0, 0]
     assert sum(s["reused"] for s in shards) == json.loads((run / "results/regenerated/summary.json").read_text())["rows_in"]
     assert (run / "results/tokenized/summary.json").stat().st_mtime_ns == tokenized
     assert planned_jobs(run, TARGET) == {}
+
+
+def _answer_otherwise(run) -> str:
+    """Edit one staged answer as vLLM on a GPU may give it in another batch (its chunk's checksum
+    updated, so the shard jobs take it); return the new answer."""
+    from draftline.content_hash import sha256_file
+
+    meta_path = sorted((run / "results/regenerated/.staging").glob("*/chunk_*.json"))[0]
+    rows_path = meta_path.with_suffix(".jsonl")
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    answer = next(m for m in rows[0]["messages"] if m["role"] == "assistant")
+    answer["content"] = "An answer from another batch."
+    rows_path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "rows_sha256": sha256_file(rows_path)}))
+    return answer["content"]
+
+
+def test_other_answers_from_another_shard_count_rerun_tokenize_and_what_follows(run):
+    """On GPUs vLLM's answers can change with the batch, so a new shard count may give other
+    answers. The plan cannot know before the merge (it plans the shards and the merge only);
+    once the merge has written other answers, Snakemake plans tokenize again in the same run
+    (regenerate_merge is a checkpoint) and its reason names the answers' sha256, and a later
+    plan holds everything after tokenize."""
+    answer = _answer_otherwise(run)
+    digest = run / "results/regenerated/conversations.sha256"
+    before = digest.read_text()
+    tokenized = (run / "results/tokenized/summary.json").stat().st_mtime_ns
+    edit_config(run, regenerate={"shards": 3})
+    assert planned_jobs(run, TARGET) == {"regenerate_shard": 3, "regenerate_merge": 1}
+    out = _output(snakemake(run, "--cores", "2", "results/tokenized/summary.json"))
+    assert answer in (run / "results/regenerated/conversations.jsonl").read_text()
+    assert digest.read_text() != before
+    assert re.search(r"rule tokenize:\n(.*\n)*?\s+reason: Updated input files: results/regenerated/conversations.sha256", out), out[-4000:]
+    assert (run / "results/tokenized/summary.json").stat().st_mtime_ns != tokenized  # tokenized again
+    after = dict(AFTER_TOKENIZE)
+    del after["tokenize"]
+    assert planned_jobs(run, TARGET) == after
 
 
 def test_unrelated_file_changes_plan_nothing(run):

@@ -16,7 +16,10 @@ vLLM server this job starts for the target (`backends.vllm_server`): the Trainer
 `--on-missing generate` against it and the server is stopped when training ends or fails. On
 CUDA the server takes the first `hidden_states.online_server_gpus` of the job's GPUs and the
 Trainer the rest; on CPU each gets half the job's threads. The run key then holds the server's
-settings in place of the files' fingerprint.
+settings in place of the files' fingerprint. A sample the server gives no hidden states for
+(after speculators' retries) is skipped by the Trainer with only a warning: train_entry counts
+them in metrics.jsonl, and more than `hidden_states.online_max_skipped_samples` stops the job
+before publishing (`check_skipped_samples`); the count goes into draftline_provenance.json.
 """
 
 from __future__ import annotations
