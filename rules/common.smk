@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ SRC = REPO / "src"
 sys.path.insert(0, str(SRC))
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
-from draftline.content_hash import HashCache  # noqa: E402
+from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor  # noqa: E402
 from draftline.disk import (  # noqa: E402
     DiskLimitError,
     check_limit,
@@ -26,9 +27,10 @@ from draftline.disk import (  # noqa: E402
     row_lengths,
     upper_bound_estimate,
 )
-from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
+from draftline.plan import PlanError, code_hash, pinned_versions, resolved_settings  # noqa: E402
 from draftline.sizing import planned_training_rows  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
+from draftline.content_hash import HashCache  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
@@ -37,6 +39,34 @@ if "heldout" in (config.get("prompts") or {}):
         "prompts.test (report it, never tune on it); replace the key in your config"
     )
 validate(config, schema="../config/schema/config.schema.yaml")
+
+# Relative paths in the config are relative to the working folder (the checkout, or a run
+# folder given with --directory, where results/ and resources/target/ land too).
+WORKDIR = Path.cwd()
+
+
+def _check_relative_path(key, raw):
+    """A relative path missing from a run folder that the workflow's own folder has (a preset's
+    resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
+    path = Path(str(raw)).expanduser()
+    if path.is_absolute() or str(raw).startswith("hf:") or path.exists() or WORKDIR == REPO:
+        return
+    if (REPO / path).exists():
+        raise WorkflowError(
+            f"{key}: {raw} is not in the working folder (looked at {path.resolve()}): relative paths in the "
+            f"config are read from the folder snakemake runs in ({WORKDIR}, --directory), not from the "
+            f"workflow's ({REPO}), which has it. Write {os.path.relpath(REPO / path)} (or an absolute path), "
+            "or copy the file into the run folder"
+        )
+
+
+for _raw in config["prompts"]["sources"]:
+    _check_relative_path("prompts.sources", _raw)
+for _name, _raw in config["evaluate"]["prompt_sets"].items():
+    _check_relative_path(f"evaluate.prompt_sets.{_name}", _raw)
+for _key in ("model", "chat_template"):
+    if config["target"][_key] not in (None, "embedded"):
+        _check_relative_path(f"target.{_key}", config["target"][_key])
 
 # Cheap checks at parse time, so a typo stops the run before any job starts.
 try:
@@ -47,10 +77,6 @@ try:
     )
 except (PromptError, ValueError) as error:
     raise WorkflowError(f"prompts.sources: {error}") from None
-
-# Relative paths in the config are relative to the working folder (the checkout, or a run
-# folder given with --directory, where results/ and resources/target/ land too).
-WORKDIR = Path.cwd()
 TARGET = resolve_target(
     config["target"]["model"],
     name=config["target"]["name"],
@@ -94,12 +120,20 @@ def _train_gpus():
 TRAIN_GPUS = 1 + (config["hidden_states"]["online_server_gpus"] if config["hidden_states"]["mode"] == "online" else 0)
 
 
-# Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
-DEVICE = planned_device(config["device"])
+# Decided here, not inside jobs, so they are params and decide staleness (draftline.plan). With
+# a cluster executor the jobs run on its nodes, not here: auto plans cuda there, and cpu needs
+# cpu_on_cluster too (draftline.cluster; a cluster job decides the same from the same config).
+EXECUTOR = snakemake_executor()
+ON_CLUSTER = workflow.remote_exec or jobs_leave_this_machine(EXECUTOR)
+try:
+    DEVICE = cluster_device(config["device"], ON_CLUSTER, config["cpu_on_cluster"], EXECUTOR)
+except PlanError as error:
+    raise WorkflowError(str(error)) from None
 RESOLVED = resolved_settings(config, DEVICE, _train_gpus())
 if not workflow.remote_exec:
+    where = f"; the jobs run on the {EXECUTOR} executor's nodes" if ON_CLUSTER else ""
     print(
-        f"draftline: planned for {DEVICE} (device: {config['device']}): "
+        f"draftline: planned for {DEVICE} (device: {config['device']}{where}): "
         + ", ".join(f"{k} {v}" for k, v in sorted({**RESOLVED["engine"], **RESOLVED["train"]}.items()) if k != "device"),
         file=sys.stderr,
     )
@@ -126,6 +160,11 @@ wildcard_constraints:
 # submits --gpus accordingly and local jobs claim that many) and as many threads (on CPU each
 # rank is a worker process bound to a core of its own).
 VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+# The GPU rules' `nodes` resource (sbatch --nodes=1 through the Slurm plugin) holds all of a job's
+# GPUs to one node. vLLM's ranks and torchrun's processes are started on the job's node only, and
+# `--gpus=8` alone lets Slurm spread the 8 GPUs over several nodes. The rules' own resource, so
+# no profile or --set-resources on the command line has to remember it.
+ONE_NODE = 1
 
 
 for _step in ("regenerate_shard", "hidden_states_shard", "evaluate"):
