@@ -30,7 +30,7 @@ from draftline.disk import (  # noqa: E402
 from draftline.plan import PlanError, code_hash, pinned_versions, resolved_settings  # noqa: E402
 from draftline.sizing import planned_training_rows  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
-from draftline.content_hash import HashCache  # noqa: E402
+from draftline.target_hashes import SharedHashCache, local_target_files  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
@@ -68,7 +68,8 @@ for _key in ("model", "chat_template"):
     if config["target"][_key] not in (None, "embedded"):
         _check_relative_path(f"target.{_key}", config["target"][_key])
 
-# Cheap checks at parse time, so a typo stops the run before any job starts.
+# Cheap checks at parse time, so a typo, a wrong column name or a file in the wrong format stops
+# the run before any job starts (the first rows of every source, in every format).
 try:
     check_sources(
         config["prompts"]["sources"],
@@ -77,6 +78,11 @@ try:
     )
 except (PromptError, ValueError) as error:
     raise WorkflowError(f"prompts.sources: {error}") from None
+for _name, _raw in config["evaluate"]["prompt_sets"].items():
+    try:  # evaluation stops on a bad row (draftline.sources.read_first_turns)
+        check_sources([_raw], regenerate_enabled=True, on_bad_row="stop")
+    except (PromptError, ValueError) as error:
+        raise WorkflowError(f"evaluate.prompt_sets.{_name}: {error}") from None
 TARGET = resolve_target(
     config["target"]["model"],
     name=config["target"]["name"],
@@ -84,7 +90,13 @@ TARGET = resolve_target(
     repo_root=WORKDIR,
     revision=config["target"]["revision"],
 )
-_hash_cache = HashCache(".snakemake/draftline/hash_cache.json")
+# A local target's files are hashed once per file version, with a progress line when that is
+# big, and the hashes kept for every run folder of the user (draftline.target_hashes).
+_hash_cache = SharedHashCache(".snakemake/draftline/hash_cache.json")
+_local_target = local_target_files(TARGET, WORKDIR)
+if _local_target is not None:
+    _hash_cache.hash_ahead(_local_target[1], f"the target folder {_local_target[0]}",
+                           lambda line: print(f"draftline: {line}", file=sys.stderr))  # fmt: skip
 TARGET_IDENTITY = target_identity(TARGET, WORKDIR, _hash_cache)
 # What the published draft names as its verifier: never a local path (target.verifier_name).
 VERIFIER_NAME = config["target"]["verifier_name"] or (TARGET.source if TARGET.kind == "hub" else TARGET.name)

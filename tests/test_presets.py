@@ -255,3 +255,21 @@ def test_a_preset_in_a_run_folder_reads_paths_from_the_run_folder(tiny_model_8_h
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "draftline: sizing for " in result.stderr and not (repo / "results").exists()
+
+
+def test_a_renamed_column_stops_the_recipes_dry_run(tiny_model_8_heads, tmp_path):
+    """The recipes skip bad rows (prompts.on_bad_row: skip), but a Parquet source whose rows are
+    all unusable (its conversations under another column name) stops the dry run, naming the
+    source and its first row, before any job."""
+    import datasets
+
+    rows = [{"chat": [{"role": "user", "content": f"question {i}"}]} for i in range(10)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "chats.parquet"))
+    _recipe_workdir(tmp_path, "dense_8b", tiny_model_8_heads, prompts={"sources": ["chats.parquet"]})
+    out = snakemake(tmp_path, "-n", "--workflow-profile", str(REPO / "profiles/slurm_dense_8b"), check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert ("prompts.sources: chats.parquet: none of its first 5 rows can be used, so prompts.on_bad_row: skip "
+            "would reject the whole source; the first: chats.parquet[0]: none of the fields messages, "
+            "conversations, prompt (the row has: chat)") in text, text[-3000:]
+    assert not re.search(r"^rule \w+:", text, re.M)
