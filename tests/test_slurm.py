@@ -239,7 +239,7 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
 
 
 def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):
-    # A malformed second row passes the parse-time check (first row only) and fails the
+    # A malformed eighth row passes the parse-time check (the first rows only) and fails the
     # prompts job itself: both attempts fail, the second with the profile's grown resources.
     workdir = make_workdir(tmp_path, tiny_model, extra_rows=["{not json"])
     start = len(cluster.sbatch_calls())
