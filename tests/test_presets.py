@@ -273,3 +273,18 @@ def test_a_renamed_column_stops_the_recipes_dry_run(tiny_model_8_heads, tmp_path
             "would reject the whole source; the first: chats.parquet[0]: none of the fields messages, "
             "conversations, prompt (the row has: chat)") in text, text[-3000:]
     assert not re.search(r"^rule \w+:", text, re.M)
+
+
+def test_the_device_a_plan_is_for():
+    """Off a cluster, auto is this machine's; on one, auto and cuda are cuda and cpu needs the opt-in."""
+    from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
+    from draftline.plan import PlanError
+
+    assert [jobs_leave_this_machine(e) for e in ("slurm", "local", "dryrun", "touch", None)] == [True] + [False] * 4
+    assert snakemake_executor() is None  # not under snakemake's command line
+    assert cluster_device("cuda", False, False, None) == "cuda"
+    assert cluster_device("cpu", False, False, None) == "cpu"
+    assert cluster_device("auto", True, False, "slurm") == cluster_device("cuda", True, False, "slurm") == "cuda"
+    assert cluster_device("cpu", True, True, "slurm") == "cpu"
+    with pytest.raises(PlanError, match=r"^device: cpu with the slurm executor: .* --config device=cpu cpu_on_cluster=True"):
+        cluster_device("cpu", True, False, "slurm")
