@@ -260,10 +260,10 @@ def _hub_split_files(raw: str, hub: HubSource) -> list[Path]:
         files = sorted([*folder.glob(f"*-{hub.split}.arrow"), *folder.glob(f"*-{hub.split}-[0-9]*-of-[0-9]*.arrow")])
         if files:
             return files
-    cached = sorted({p.stem.rsplit("-", 1)[-1] for d in folders for p in d.glob("*.arrow")})
+    cached = sorted(p.name for d in folders for p in d.glob("*.arrow"))
     raise PromptError(
-        f"{raw}: split {hub.split!r} is not in the local datasets cache ({', '.join(map(str, folders))}; "
-        f"cached Arrow files end in {cached or 'nothing'}) (fix: name a cached split as "
+        f"{raw}: split {hub.split!r} is not in the local datasets cache ({', '.join(map(str, folders))} "
+        f"holds {cached or 'no Arrow file'}) (fix: name a cached split as "
         f"{HUB_PREFIX}{hub.repo_id}{f'/{hub.config}' if hub.config else ''}:SPLIT, or load it once with network)"
     )
 
