@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ SRC = REPO / "src"
 sys.path.insert(0, str(SRC))
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
-from draftline.content_hash import HashCache  # noqa: E402
+from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor  # noqa: E402
 from draftline.disk import (  # noqa: E402
     DiskLimitError,
     check_limit,
@@ -26,9 +27,10 @@ from draftline.disk import (  # noqa: E402
     row_lengths,
     upper_bound_estimate,
 )
-from draftline.plan import code_hash, pinned_versions, planned_device, resolved_settings  # noqa: E402
+from draftline.plan import PlanError, code_hash, pinned_versions, resolved_settings  # noqa: E402
 from draftline.sizing import planned_training_rows  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
+from draftline.target_hashes import SharedHashCache, local_target_files  # noqa: E402
 from draftline.target_model import resolve_target, target_identity  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
@@ -38,7 +40,36 @@ if "heldout" in (config.get("prompts") or {}):
     )
 validate(config, schema="../config/schema/config.schema.yaml")
 
-# Cheap checks at parse time, so a typo stops the run before any job starts.
+# Relative paths in the config are relative to the working folder (the checkout, or a run
+# folder given with --directory, where results/ and resources/target/ land too).
+WORKDIR = Path.cwd()
+
+
+def _check_relative_path(key, raw):
+    """A relative path missing from a run folder that the workflow's own folder has (a preset's
+    resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
+    path = Path(str(raw)).expanduser()
+    if path.is_absolute() or str(raw).startswith("hf:") or path.exists() or WORKDIR == REPO:
+        return
+    if (REPO / path).exists():
+        raise WorkflowError(
+            f"{key}: {raw} is not in the working folder (looked at {path.resolve()}): relative paths in the "
+            f"config are read from the folder snakemake runs in ({WORKDIR}, --directory), not from the "
+            f"workflow's ({REPO}), which has it. Write {os.path.relpath(REPO / path)} (or an absolute path), "
+            "or copy the file into the run folder"
+        )
+
+
+for _raw in config["prompts"]["sources"]:
+    _check_relative_path("prompts.sources", _raw)
+for _name, _raw in config["evaluate"]["prompt_sets"].items():
+    _check_relative_path(f"evaluate.prompt_sets.{_name}", _raw)
+for _key in ("model", "chat_template"):
+    if config["target"][_key] not in (None, "embedded"):
+        _check_relative_path(f"target.{_key}", config["target"][_key])
+
+# Cheap checks at parse time, so a typo, a wrong column name or a file in the wrong format stops
+# the run before any job starts (the first rows of every source, in every format).
 try:
     check_sources(
         config["prompts"]["sources"],
@@ -47,10 +78,11 @@ try:
     )
 except (PromptError, ValueError) as error:
     raise WorkflowError(f"prompts.sources: {error}") from None
-
-# Relative paths in the config are relative to the working folder (the checkout, or a run
-# folder given with --directory, where results/ and resources/target/ land too).
-WORKDIR = Path.cwd()
+for _name, _raw in config["evaluate"]["prompt_sets"].items():
+    try:  # evaluation stops on a bad row (draftline.sources.read_first_turns)
+        check_sources([_raw], regenerate_enabled=True, on_bad_row="stop")
+    except (PromptError, ValueError) as error:
+        raise WorkflowError(f"evaluate.prompt_sets.{_name}: {error}") from None
 TARGET = resolve_target(
     config["target"]["model"],
     name=config["target"]["name"],
@@ -58,7 +90,13 @@ TARGET = resolve_target(
     repo_root=WORKDIR,
     revision=config["target"]["revision"],
 )
-_hash_cache = HashCache(".snakemake/draftline/hash_cache.json")
+# A local target's files are hashed once per file version, with a progress line when that is
+# big, and the hashes kept for every run folder of the user (draftline.target_hashes).
+_hash_cache = SharedHashCache(".snakemake/draftline/hash_cache.json")
+_local_target = local_target_files(TARGET, WORKDIR)
+if _local_target is not None:
+    _hash_cache.hash_ahead(_local_target[1], f"the target folder {_local_target[0]}",
+                           lambda line: print(f"draftline: {line}", file=sys.stderr))  # fmt: skip
 TARGET_IDENTITY = target_identity(TARGET, WORKDIR, _hash_cache)
 # What the published draft names as its verifier: never a local path (target.verifier_name).
 VERIFIER_NAME = config["target"]["verifier_name"] or (TARGET.source if TARGET.kind == "hub" else TARGET.name)
@@ -94,12 +132,20 @@ def _train_gpus():
 TRAIN_GPUS = 1 + (config["hidden_states"]["online_server_gpus"] if config["hidden_states"]["mode"] == "online" else 0)
 
 
-# Decided here, not inside jobs, so they are params and decide staleness (draftline.plan).
-DEVICE = planned_device(config["device"])
+# Decided here, not inside jobs, so they are params and decide staleness (draftline.plan). With
+# a cluster executor the jobs run on its nodes, not here: auto plans cuda there, and cpu needs
+# cpu_on_cluster too (draftline.cluster; a cluster job decides the same from the same config).
+EXECUTOR = snakemake_executor()
+ON_CLUSTER = workflow.remote_exec or jobs_leave_this_machine(EXECUTOR)
+try:
+    DEVICE = cluster_device(config["device"], ON_CLUSTER, config["cpu_on_cluster"], EXECUTOR)
+except PlanError as error:
+    raise WorkflowError(str(error)) from None
 RESOLVED = resolved_settings(config, DEVICE, _train_gpus())
 if not workflow.remote_exec:
+    where = f"; the jobs run on the {EXECUTOR} executor's nodes" if ON_CLUSTER else ""
     print(
-        f"draftline: planned for {DEVICE} (device: {config['device']}): "
+        f"draftline: planned for {DEVICE} (device: {config['device']}{where}): "
         + ", ".join(f"{k} {v}" for k, v in sorted({**RESOLVED["engine"], **RESOLVED["train"]}.items()) if k != "device"),
         file=sys.stderr,
     )
@@ -126,6 +172,11 @@ wildcard_constraints:
 # submits --gpus accordingly and local jobs claim that many) and as many threads (on CPU each
 # rank is a worker process bound to a core of its own).
 VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+# The GPU rules' `nodes` resource (sbatch --nodes=1 through the Slurm plugin) holds all of a job's
+# GPUs to one node. vLLM's ranks and torchrun's processes are started on the job's node only, and
+# `--gpus=8` alone lets Slurm spread the 8 GPUs over several nodes. The rules' own resource, so
+# no profile or --set-resources on the command line has to remember it.
+ONE_NODE = 1
 
 
 for _step in ("regenerate_shard", "hidden_states_shard", "evaluate"):

@@ -33,6 +33,7 @@ rule evaluate:
     threads: VLLM_RANKS
     resources:
         gpu=VLLM_RANKS,
+        nodes=ONE_NODE,
     params:
         code=code("evaluate", script="evaluate"),
         num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],

@@ -23,6 +23,7 @@ rule hidden_states_shard:
     threads: VLLM_RANKS
     resources:
         gpu=VLLM_RANKS,
+        nodes=ONE_NODE,
     params:
         code=code("hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],

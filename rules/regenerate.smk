@@ -70,6 +70,7 @@ rule regenerate_shard:
     threads: VLLM_RANKS
     resources:
         gpu=VLLM_RANKS,
+        nodes=ONE_NODE,
     params:
         **REGENERATE_ANSWERS,
         num_shards=config["regenerate"]["shards"],

@@ -32,6 +32,7 @@ rule train:
     resources:
         # 1, plus hidden_states.online_server_gpus in online mode (the server runs in this job)
         gpu=TRAIN_GPUS,
+        nodes=ONE_NODE,
     params:
         code=code("train", "train_entry", script="train"),
         train=config["train"],

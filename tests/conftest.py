@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # vLLM CPU: a small KV cache is plenty for the tiny model and keeps parallel tests cheap.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The plans' shared hash cache (draftline.target_hashes) of this test session, not the user's.
+os.environ.setdefault("DRAFTLINE_CACHE_DIR", tempfile.mkdtemp(prefix="draftline-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

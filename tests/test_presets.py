@@ -6,13 +6,16 @@ tokens) are changed; the dry run prints the sizing estimate before any job."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import yaml
 
-from workflow import REPO, snakemake, write_config
+from workflow import REPO, SNAKEMAKE, copy_workflow, snakemake, write_config
 
 RECIPES = {
     # preset -> its Slurm profile, the GPUs each vLLM job and the training job ask for
@@ -120,3 +123,168 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
         text.endswith("set prompts.max_samples to size the run before the prompts job"), text
     text = line("hub", tmp_path / "not-downloaded", "cuda")
     assert text.startswith("no sizing estimate before the first job: the target's config.json is not in "), text
+
+
+def _recipe_workdir(workdir, preset, model, **changes):
+    """`preset` with the tiny model as its target and the shipped prompts in `workdir`."""
+    config = yaml.safe_load((REPO / "config/presets" / f"{preset}.yaml").read_text())
+    (workdir / "resources/prompts").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "resources/prompts/default.jsonl", workdir / "resources/prompts/default.jsonl")
+    config["target"]["model"] = str(model)
+    config["vocab"]["draft_vocab_size"] = 256
+    for section, values in changes.items():
+        config.setdefault(section, {}).update(values)
+    write_config(workdir, config)
+    return config
+
+
+PLANNED = re.compile(r"draftline: planned for (\w+) \(device: (\w+)(; the jobs run on the slurm executor's nodes)?\)")
+
+
+@pytest.mark.parametrize("profile, added", [
+    ("slurm", ("--config", "run_name=x")),  # issue 26: any --config replaced the profile's config: ["device=cuda"]
+    ("slurm_dense_8b", ("--config", "device=auto", "prompts={on_bad_row: stop}")),
+    ("slurm_moe_235b", ("--set-resources", "train:mem_mb=1000")),  # replaces the profile's set-resources whole
+])  # fmt: skip
+def test_a_slurm_plan_is_for_cuda_whatever_the_command_line_adds(profile, added, tiny_model_8_heads, tmp_path):
+    """The login node that plans has no GPU (nor has this machine); the Slurm executor's jobs run on
+    its GPU nodes, so the plan is for cuda (bfloat16, Muon) however config is added. Locally the
+    same command line plans for this machine (cpu)."""
+    _recipe_workdir(tmp_path, "dense_8b", tiny_model_8_heads)
+    target = "results/tokenized/summary.json"
+    text = snakemake(tmp_path, "-n", target, "--workflow-profile", str(REPO / "profiles" / profile), *added).stderr
+    assert PLANNED.search(text).groups() == ("cuda", "auto", "; the jobs run on the slurm executor's nodes"), text[-3000:]
+    assert "dtype bfloat16" in text and "optimizer muon" in text
+    assert re.search(r"draftline: sizing for \S+ on cuda:", text)
+    if profile == "slurm":
+        local = snakemake(tmp_path, "-n", target, *added).stderr
+        assert PLANNED.search(local).groups() == ("cpu", "auto", None), local[-3000:]
+
+
+def test_cpu_under_slurm_is_planned_only_when_meant_twice(tiny_model_8_heads, tmp_path):
+    _recipe_workdir(tmp_path, "dense_8b", tiny_model_8_heads)
+    profile = ("--workflow-profile", str(REPO / "profiles" / "slurm_dense_8b"))
+    stopped = snakemake(tmp_path, "-n", *profile, "--config", "device=cpu", check=False)
+    text = stopped.stdout + stopped.stderr
+    assert stopped.returncode != 0
+    assert "device: cpu with the slurm executor: every job would run on the CPU of a cluster node" in text
+    assert "--config device=cpu cpu_on_cluster=True" in text
+    assert not re.search(r"^rule \w+:", text, re.M)  # nothing planned
+    meant = snakemake(tmp_path, "-n", *profile, "--config", "device=cpu", "cpu_on_cluster=True").stderr
+    assert PLANNED.search(meant).groups() == ("cpu", "cpu", "; the jobs run on the slurm executor's nodes")
+    assert re.search(r"draftline: sizing for \S+ on cpu:", meant)
+
+
+# A Slurm that submits nothing: sbatch records its arguments (one file per call, NUL-separated)
+# and fails, so the run stops after the first submission; sacct (the account guess) knows no
+# account and sinfo offers one default partition.
+FAKE_SLURM = {
+    "sbatch": '#!/bin/sh\nprintf \'%s\\0\' "$@" > "$SBATCH_CALLS/$(date +%s%N)"\n'
+              'echo "sbatch: error: a test: nothing was submitted" >&2\nexit 1\n',
+    "sacct": "#!/bin/sh\nexit 0\n",
+    "sinfo": '#!/bin/sh\necho PARTITION\necho "gpu*"\n',
+}  # fmt: skip
+
+
+def test_a_tp8_vllm_job_asks_sbatch_for_its_8_gpus_on_one_node(tiny_model_8_heads, tmp_path):
+    """The MoE recipe's regeneration shard (target.tensor_parallel_size 8) submitted through the
+    Slurm plugin with the recipe's profile, its site settings switched on as the comments say:
+    sbatch gets --gpus=8 with --nodes=1 (the rule's own), the GPU type as a node constraint and
+    --exclusive, each written once in the profile and given to every GPU rule."""
+    workdir, profile, bin_dir, calls = (tmp_path / name for name in ("run", "profile", "bin", "calls"))
+    for folder in (workdir, profile, bin_dir, calls):
+        folder.mkdir()
+    _recipe_workdir(workdir, "moe_235b", tiny_model_8_heads)
+    text = (REPO / "profiles/slurm_moe_235b/config.yaml").read_text()
+    for commented, on in (('  # constraint: "h200"', '  constraint: "h200"'),
+                          ("  # slurm_extra: \"'--exclusive'\"", "  slurm_extra: \"'--exclusive'\"")):  # fmt: skip
+        assert text.count(commented) == 1, commented  # one place in the profile
+        text = text.replace(commented, on)
+    (profile / "config.yaml").write_text(text)
+    for name, script in FAKE_SLURM.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    # the shard's inputs, as if made earlier (no metadata: only the shard is planned)
+    for name in ("prompts", "validation", "test", "rejects"):
+        (workdir / "results/prompts").mkdir(parents=True, exist_ok=True)
+        (workdir / f"results/prompts/{name}.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    (workdir / "results/prompts/summary.json").write_text(json.dumps({"train": 465}))
+    (workdir / "results/regenerated").mkdir(parents=True)
+    (workdir / "results/regenerated/settings.json").write_text("{}\n")
+
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SBATCH_CALLS=str(calls))
+    out = snakemake(workdir, "--workflow-profile", str(profile), "--retries", "0",
+                    "--slurm-init-seconds-before-status-checks", "1", "results/regenerated/shard_0",
+                    check=False, env=env)  # fmt: skip
+    assert out.returncode != 0 and "a test: nothing was submitted" in out.stderr + out.stdout
+    submitted = [path.read_bytes().decode().split("\0")[:-1] for path in sorted(calls.iterdir())]
+    assert len(submitted) == 1, submitted
+    args = submitted[0]
+    assert "--comment" in args and args[args.index("--comment") + 1] == "rule_regenerate_shard_wildcards_0"
+    for expected in ("--gpus=8", "--nodes=1", "--exclusive", "--cpus-per-gpu=8", "--requeue"):
+        assert expected in args, (expected, args)
+    assert args[args.index("-C") + 1] == "h200"
+    assert args[args.index("--mem") + 1] == "768000" and args[args.index("-t") + 1] == "240"
+    assert args[args.index("-p") + 1] == "gpu"  # sinfo's default partition
+    # the job's own snakemake plans as the login node did: the same config, Slurm's remote mode
+    wrap = next(a for a in args if a.startswith("--wrap="))
+    assert "--mode 'remote'" in wrap and " --config " not in wrap  # no device handed over: decided there again
+
+
+def test_a_preset_in_a_run_folder_reads_paths_from_the_run_folder(tiny_model_8_heads, tmp_path):
+    """`--directory runs/x` with a preset: its relative paths are read from the run folder; one that
+    is only in the workflow's folder stops the plan naming the path looked at and the one to write."""
+    repo = copy_workflow(tmp_path / "checkout")
+    (repo / "resources/prompts").mkdir(parents=True)
+    shutil.copy(REPO / "resources/prompts/default.jsonl", repo / "resources/prompts/default.jsonl")
+    run_folder = repo / "runs" / "x"
+    run_folder.mkdir(parents=True)
+    mine = tmp_path / "mine.yaml"  # the user's changes on top of the preset
+    mine.write_text(yaml.safe_dump({"target": {"model": str(tiny_model_8_heads)}, "vocab": {"draft_vocab_size": 256}}))
+    command = [SNAKEMAKE, "--directory", "runs/x", "--configfile", str(REPO / "config/presets/dense_8b.yaml"), str(mine),
+               "-n"]  # fmt: skip
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert (f"prompts.sources: resources/prompts/default.jsonl is not in the working folder (looked at "
+            f"{run_folder}/resources/prompts/default.jsonl)") in text, text[-3000:]
+    assert "Write ../../resources/prompts/default.jsonl (or an absolute path)" in text
+    # the file in the run folder: the same command plans there
+    (run_folder / "resources/prompts").mkdir(parents=True)
+    shutil.copy(REPO / "resources/prompts/default.jsonl", run_folder / "resources/prompts/default.jsonl")
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "draftline: sizing for " in result.stderr and not (repo / "results").exists()
+
+
+def test_a_renamed_column_stops_the_recipes_dry_run(tiny_model_8_heads, tmp_path):
+    """The recipes skip bad rows (prompts.on_bad_row: skip), but a Parquet source whose rows are
+    all unusable (its conversations under another column name) stops the dry run, naming the
+    source and its first row, before any job."""
+    import datasets
+
+    rows = [{"chat": [{"role": "user", "content": f"question {i}"}]} for i in range(10)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "chats.parquet"))
+    _recipe_workdir(tmp_path, "dense_8b", tiny_model_8_heads, prompts={"sources": ["chats.parquet"]})
+    out = snakemake(tmp_path, "-n", "--workflow-profile", str(REPO / "profiles/slurm_dense_8b"), check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert ("prompts.sources: chats.parquet: none of its first 5 rows can be used, so prompts.on_bad_row: skip "
+            "would reject the whole source; the first: chats.parquet[0]: none of the fields messages, "
+            "conversations, prompt (the row has: chat)") in text, text[-3000:]
+    assert not re.search(r"^rule \w+:", text, re.M)
+
+
+def test_the_device_a_plan_is_for():
+    """Off a cluster, auto is this machine's; on one, auto and cuda are cuda and cpu needs the opt-in."""
+    from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
+    from draftline.plan import PlanError
+
+    assert [jobs_leave_this_machine(e) for e in ("slurm", "local", "dryrun", "touch", None)] == [True] + [False] * 4
+    assert snakemake_executor() is None  # not under snakemake's command line
+    assert cluster_device("cuda", False, False, None) == "cuda"
+    assert cluster_device("cpu", False, False, None) == "cpu"
+    assert cluster_device("auto", True, False, "slurm") == cluster_device("cuda", True, False, "slurm") == "cuda"
+    assert cluster_device("cpu", True, True, "slurm") == "cpu"
+    with pytest.raises(PlanError, match=r"^device: cpu with the slurm executor: .* --config device=cpu cpu_on_cluster=True"):
+        cluster_device("cpu", True, False, "slurm")

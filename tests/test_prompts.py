@@ -327,19 +327,72 @@ def test_final_assistant_turn_required_only_without_regeneration(tmp_path):
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_missing_or_empty_source_is_an_error_in_both_modes(tmp_path, mode):
     good = write(tmp_path, jsonl(GOOD), "good.jsonl")
-    # at_parse_time: check_sources catches it too (a .json list is only parsed by the job)
-    for bad, message, at_parse_time in [
-        (str(tmp_path / "nope.jsonl"), "prompt source not found", True),
-        (write(tmp_path, "", "empty.jsonl"), "empty file", True),
-        (write(tmp_path, "\n\n", "blank.jsonl"), "empty file", True),
-        (write(tmp_path, "[]", "empty.json"), "empty list", False),
-        (str(tmp_path), "a folder that was not written by datasets.save_to_disk", True),
+    # check_sources (at parse time) catches each of them too
+    for bad, message in [
+        (str(tmp_path / "nope.jsonl"), "prompt source not found"),
+        (write(tmp_path, "", "empty.jsonl"), "empty file"),
+        (write(tmp_path, "\n\n", "blank.jsonl"), "empty file"),
+        (write(tmp_path, "[]", "empty.json"), "empty list"),
+        (str(tmp_path), "a folder that was not written by datasets.save_to_disk"),
     ]:
         with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
             collect_prompts([good, bad], on_bad_row=mode)
-        if at_parse_time:
-            with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
-                check_sources([good, bad], regenerate_enabled=True, on_bad_row=mode)
+        with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
+            check_sources([good, bad], regenerate_enabled=True, on_bad_row=mode)
+
+
+def _in_every_format(tmp_path, rows, datasets_cache):
+    """`rows` (all with the same keys) as each kind of source check_sources reads: (source, how
+    its row i is named in messages)."""
+    import datasets
+
+    tmp_path.mkdir()
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    cache_hub_dataset(datasets_cache, f"acme/{tmp_path.name}", rows)
+    return [
+        (write(tmp_path, jsonl(*rows), "rows.jsonl"), lambda source, i: f"{source}:{i + 1}"),
+        (write(tmp_path, json.dumps(rows), "rows.json"), lambda source, i: f"{source}[{i}]"),
+        (str(tmp_path / "rows.parquet"), lambda source, i: f"{source}[{i}]"),
+        (str(tmp_path / "ds"), lambda source, i: f"{source}[{i}]"),
+        (f"hf:acme/{tmp_path.name}", lambda source, i: f"{source}[{i}]"),
+    ]
+
+
+def test_the_plan_checks_the_first_rows_of_every_format(tmp_path, datasets_cache):
+    """A wrong column name or role stops check_sources (the dry run) in every format, with the
+    source and the row named; in skip mode when none of the first rows can be used."""
+    import re
+
+    renamed = [{"text": f"question {i}", "answer": "x"} for i in range(8)]  # `prompt` under another name
+    for source, row in _in_every_format(tmp_path / "renamed", renamed, datasets_cache):
+        with pytest.raises(PromptError, match=rf"^{re.escape(row(source, 0))}: none of the fields messages, "
+                                              r"conversations, prompt \(the row has: answer, text\)"):  # fmt: skip
+            check_sources([source], on_bad_row="stop")
+        with pytest.raises(PromptError, match=rf"^{re.escape(source)}: none of its first 5 rows can be used, so "
+                                              rf"prompts.on_bad_row: skip would reject the whole source; the first: "
+                                              rf"{re.escape(row(source, 0))}: none of the fields"):  # fmt: skip
+            check_sources([source], on_bad_row="skip")
+    # a bad role in the third row: stop mode names it; skip mode lets the job reject that row alone
+    robot = [GOOD, {"messages": SAME[:1]}, {"messages": [{"role": "robot", "content": "x"}]}, GOOD]
+    for source, row in _in_every_format(tmp_path / "robot", robot, datasets_cache):
+        with pytest.raises(PromptError, match=rf"^{re.escape(row(source, 2))}: messages\[0\] has unknown role 'robot'"):
+            check_sources([source], on_bad_row="stop")
+        check_sources([source], on_bad_row="skip")
+        check_sources([source], on_bad_row="stop", rows=2)  # only the first rows are read
+
+
+def test_the_plan_reads_a_json_list_from_its_head(tmp_path):
+    """A JSON list of several MB is not parsed whole at plan time: rows past the head are the job's."""
+    rows = [{"prompt": f"question {i} " + "x" * 1000} for i in range(3000)]
+    path = write(tmp_path, json.dumps(rows, ensure_ascii=False)[:-1] + ', {"prompt": ', "big.json")  # cut off at the end
+    assert Path(path).stat().st_size > 2 * 2**20  # the plan reads 1 MiB first
+    check_sources([path])
+    with pytest.raises(PromptError, match=rf"^{path}:1: malformed JSON"):
+        collect_prompts([path])
+    first_bad = write(tmp_path, json.dumps([{"prompt": ""}, *rows]), "first_bad.json")
+    with pytest.raises(PromptError, match=rf"^{first_bad}\[0\]: `prompt` has empty content"):
+        check_sources([first_bad])
 
 
 def test_check_sources_fails_fast_on_the_first_row(tmp_path):
@@ -347,7 +400,9 @@ def test_check_sources_fails_fast_on_the_first_row(tmp_path):
     check_sources([path], regenerate_enabled=True)
     with pytest.raises(PromptError, match=rf"{path}:1: .*ends with a user turn"):
         check_sources([path], regenerate_enabled=False)
-    check_sources([path], regenerate_enabled=False, on_bad_row="skip")  # the job will reject it
+    # skip mode: the job would reject every row of the source, which stops it too
+    with pytest.raises(PromptError, match=rf"{path}: none of its first 1 rows can be used"):
+        check_sources([path], regenerate_enabled=False, on_bad_row="skip")
     with pytest.raises(PromptError, match="twice"):
         check_sources([path, path])
 
@@ -377,10 +432,20 @@ def test_rejects_file_written_empty_when_nothing_rejected(tmp_path):
     assert (tmp_path / "out" / "rejects.jsonl").read_text() == ""
 
 
-def test_nothing_usable_is_an_error_even_when_skipping(tmp_path):
-    path = write(tmp_path, jsonl({"messages": []}, {"text": "x"}))
-    with pytest.raises(PromptError, match="no usable conversations"):
-        collect_prompts([path], on_bad_row="skip")
+def test_a_source_whose_rows_are_all_rejected_stops_skip_mode_too(tmp_path):
+    """skip leaves out bad rows, never a whole source: a file with the wrong column name (every
+    row rejected) stops the prompts step even beside a good source, naming it and its first row."""
+    good = write(tmp_path, jsonl(GOOD, {"prompt": "fine"}), "good.jsonl")
+    renamed = write(tmp_path, jsonl(*({"text": f"hello {i}"} for i in range(8))), "renamed.jsonl")
+    with pytest.raises(PromptError, match=rf"^{renamed}: all 8 rows were rejected \(unknown_format: 8\); prompts.on_bad_row: "
+                                          rf"skip leaves out bad rows, never a whole source. The first: {renamed}:1: none of the "
+                                          r"fields messages, conversations, prompt \(the row has: text\) \(fix: .*; or remove the "
+                                          r"source from prompts.sources\)$"):  # fmt: skip
+        collect_prompts([good, renamed], on_bad_row="skip")
+    # some rows rejected: kept going, counted per source
+    mixed = write(tmp_path, jsonl({"text": "x"}, GOOD, {"prompt": "fine"}), "mixed.jsonl")
+    summary = collect_prompts([mixed], on_bad_row="skip").summary
+    assert (summary["sources"][0]["rejected"], summary["sources"][0]["kept"]) == (1, 2)
 
 
 # ----------------------------------------------------------------------------------- the split

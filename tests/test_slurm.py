@@ -33,12 +33,15 @@ PROFILE = REPO / "profiles" / "slurm"
 GPU_RULES = {"regenerate_shard", "hidden_states_shard", "train", "evaluate"}
 # Settings for a cluster without slurmdbd (docs/cluster.md), fast status checks.
 TEST_SLURM_ARGS = (
-    # the fake GPUs are no CUDA devices: plan for the CPU torch the jobs have (the profile
-    # plans for cuda, and a job on another device than planned stops)
-    "--config", "device=cpu",
+    # the fake GPUs are no CUDA devices: plan for the CPU torch the jobs have (a Slurm executor
+    # plans for cuda, a job on another device than planned stops, and a plan for CPU under
+    # Slurm needs both keys)
+    "--config", "device=cpu", "cpu_on_cluster=True",
     "--slurm-status-command", "squeue",
     "--slurm-init-seconds-before-status-checks", "1",
 )
+# The same without the --config: the plan is the Slurm executor's own (cuda).
+SLURM_ARGS_AS_PLANNED = TEST_SLURM_ARGS[3:]
 # With regeneration off, the answers to train on come with the prompts.
 CONVERSATIONS = [
     ("What is the capital of France?", "Paris."), ("Write a haiku about rain.", "Soft rain on the roof."),
@@ -154,6 +157,7 @@ def test_resources_reached_sbatch(slurm_run):
         if rule in GPU_RULES:
             assert flag(args, "--gpus") == str(profile_resource(rule, "gpu", default=1)), (rule, args)
             assert flag(args, "--cpus-per-gpu") == str(profile_resource(rule, "cpus_per_gpu")), (rule, args)
+            assert flag(args, "--nodes") == "1", (rule, args)  # the rule's own: its GPUs on one node
         else:
             assert flag(args, "--gpus") is None, (rule, args)
 
@@ -221,11 +225,11 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
     assert re.search(r"computing on the CPU with torch \S+\+cpu although this node offers GPUs 0,1 "
                      r"\(CUDA_VISIBLE_DEVICES, given by Slurm job \d+\)", log), log[-2000:]
 
-    # The case of issue 17: planned on a machine without a GPU with the profile's own device:
-    # cuda, submitted, and the job sees GPUs but has the CPU environment ./draftline built on
-    # the submitting machine. It stops before loading anything, saying how to build the GPU one.
+    # The case of issue 17: planned on a machine without a GPU for the Slurm executor (cuda),
+    # submitted, and the job sees GPUs but has the CPU environment ./draftline built on the
+    # submitting machine. It stops before loading anything, saying how to build the GPU one.
     # (--retries 0: a retry would only stop the same way)
-    result = run(workdir, "--workflow-profile", str(PROFILE), *TEST_SLURM_ARGS[2:], "--retries", "0",
+    result = run(workdir, "--workflow-profile", str(PROFILE), *SLURM_ARGS_AS_PLANNED, "--retries", "0",
                  "results/regenerated/conversations.jsonl", env=cluster.env(), check=False)
     assert result.returncode != 0
     log = (workdir / "logs/regenerate/shard_0.log").read_text()
@@ -235,7 +239,7 @@ def test_a_split_target_asks_sbatch_for_a_gpu_per_rank(tmp_path, tiny_model, clu
 
 
 def test_a_failed_job_is_retried_with_more_and_points_at_its_logs(tmp_path, tiny_model, cluster):
-    # A malformed second row passes the parse-time check (first row only) and fails the
+    # A malformed eighth row passes the parse-time check (the first rows only) and fails the
     # prompts job itself: both attempts fail, the second with the profile's grown resources.
     workdir = make_workdir(tmp_path, tiny_model, extra_rows=["{not json"])
     start = len(cluster.sbatch_calls())

@@ -68,3 +68,32 @@ def test_summary_warns_only_where_it_applies(tiny_run, tmp_path):
     path.write_text(json.dumps(regenerated))
     summary = build_summary(run / "results", run_name="run", target="t", device="cuda")
     assert not any("max_new_tokens" in w or "speed-up" in w for w in summary["warnings"])
+
+
+def test_summary_lists_rejected_rows_per_source(tmp_path):
+    """prompts.on_bad_row: skip leaves rows out; the run's summary says how many of which source,
+    and why, as a warning and in a table per source (read from results/prompts/summary.json)."""
+    from draftline.prompts import build_prompts
+    from draftline.summary import build_summary, to_markdown
+
+    def source(name, rows):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return str(path)
+
+    clean = source("clean.jsonl", [{"prompt": f"question {i}"} for i in range(4)])
+    scraped = source("scraped.jsonl", [{"prompt": "fine"}, {"text": "renamed"}, {"prompt": ""}, {"text": "again"}])
+    results = tmp_path / "results"
+    build_prompts([clean, scraped], **{f"{name}_path": results / "prompts" / f"{name}.jsonl"
+                                       for name in ("prompts", "validation", "test", "rejects")},
+                  summary_path=results / "prompts/summary.json", on_bad_row="skip")  # fmt: skip
+    summary = build_summary(results, run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
+    assert [(s["path"], s["rows_read"], s["kept"], s["rejected"]) for s in summary["sources"]] == [
+        (clean, 4, 4, 0), (scraped, 4, 1, 3)]  # fmt: skip
+    assert summary["sources"][1]["rejected_reasons"] == {"empty_content": 1, "unknown_format": 2}
+    assert (f"prompts.on_bad_row: skip left out 3 rows: 3 of 4 rows of {scraped} (empty_content: 1, "
+            "unknown_format: 2); each with its reason and fix in results/prompts/rejects.jsonl") in summary["warnings"]
+    markdown = to_markdown(summary)
+    assert "## Prompt sources" in markdown
+    assert f"| {scraped} | jsonl | 4 | 1 | 0 | 3 (empty_content: 1, unknown_format: 2) |" in markdown
+    assert f"| {clean} | jsonl | 4 | 4 | 0 | 0 |" in markdown

@@ -4,6 +4,7 @@ and (slow) materializing the embedded SmolLM2 from its GGUF."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -501,3 +502,66 @@ def test_default_prompts_are_valid_and_distinct():
     multi_turn = sum(sum(m["role"] == "user" for m in r["messages"]) > 1 for r in rows)
     assert 0.03 * len(rows) <= with_system <= 0.08 * len(rows)
     assert multi_turn >= 15
+
+
+# --- the plan's hashes of a local target, shared by run folders (draftline.target_hashes) -------
+
+
+def test_a_second_run_folder_hashes_nothing_the_first_one_hashed(tiny_model, tmp_path, monkeypatch):
+    """Two run folders planning the same local target: the big files are read by the first plan
+    only (the user's cache holds them); a file rewritten in place is read again."""
+    from draftline import target_hashes
+    from draftline.target_hashes import SharedHashCache, local_target_files
+
+    read = []
+    real = target_hashes._sha256
+    monkeypatch.setattr(target_hashes, "_sha256", lambda p, progress=None: read.append(p.name) or real(p, progress))
+    model = copy_model(tiny_model, tmp_path / "model")
+    spec = resolve_target(str(model), repo_root=tmp_path)
+    shared = tmp_path / "user-cache" / "target_hashes.json"
+
+    def plan(run_folder: str) -> dict:
+        cache = SharedHashCache(tmp_path / run_folder / ".snakemake/draftline/hash_cache.json", shared)
+        cache.hash_ahead(local_target_files(spec, tmp_path)[1], "the target", lambda line: None)
+        identity = target_identity(spec, tmp_path, cache)
+        cache.save()
+        return identity
+
+    first = plan("runs/a")
+    assert read == ["model.safetensors"]  # the only file above content_hash's always-read size
+    assert plan("runs/b") == first and read == ["model.safetensors"]
+    # each run folder keeps them too (a cluster job on a node without the user's cache finds them)
+    assert json.loads((tmp_path / "runs/b/.snakemake/draftline/hash_cache.json").read_text()) == json.loads(shared.read_text())
+    rewrite_in_place(model / "model.safetensors")
+    assert plan("runs/c") != first and read == ["model.safetensors"] * 2
+    # the entry of the old version is gone from the shared file: it only holds files as they are
+    assert len(json.loads(shared.read_text())) == 1
+
+
+def test_hashing_a_big_target_says_so_with_its_progress(tmp_path, monkeypatch):
+    from draftline import target_hashes
+    from draftline.content_hash import digest_folder
+
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"model-{i}.safetensors").write_bytes(os.urandom(3 << 20))
+    monkeypatch.setattr(target_hashes, "PROGRESS_MIN_BYTES", 8 << 20)
+    monkeypatch.setattr(target_hashes, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(target_hashes, "BLOCK", 1 << 20)
+    lines = []
+    cache = target_hashes.SharedHashCache(tmp_path / "run/hash_cache.json", tmp_path / "user/target_hashes.json")
+    cache.hash_ahead(sorted(folder.iterdir()), f"the target folder {folder}", lines.append)
+    assert lines[0] == (f"hashing the target folder {folder}: 0.0 GB in 3 files no earlier plan has hashed (once per "
+                        f"file version: the hashes are kept in {tmp_path}/user/target_hashes.json and "
+                        f"{tmp_path}/run/hash_cache.json)")  # fmt: skip
+    assert all(re.fullmatch(r"hashing the target folder \S+: 0\.0 GB of 0\.0 GB, [\d.,]+ GB/s, about \d+ s left", line)
+               for line in lines[1:-1]) and len(lines) >= 9  # fmt: skip
+    assert re.fullmatch(rf"hashed the target folder {re.escape(str(folder))}: 0\.0 GB in \d+ s", lines[-1])
+    # the digest is the same as without a cache, and a second plan is silent
+    assert digest_folder(folder, cache) == digest_folder(folder)
+    cache.save()
+    again = []
+    target_hashes.SharedHashCache(tmp_path / "run2/hash_cache.json", tmp_path / "user/target_hashes.json").hash_ahead(
+        sorted(folder.iterdir()), "the target", again.append)
+    assert again == []

@@ -6,7 +6,9 @@ exact duplicates collapse, and the seeded order puts the first rows into the val
 test sets.
 
 A bad row is never dropped silently: `on_bad_row="stop"` raises `PromptError` naming
-`file:line`, the reason and the fix; `"skip"` writes it to rejects.jsonl and counts it.
+`file:line`, the reason and the fix; `"skip"` writes it to rejects.jsonl and counts it (per
+source, in summary.json and the run's results/summary.md), and a source whose rows are all
+rejected stops the step all the same: a wrong column name never drops a whole source.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from draftline.sources import (
     normalize_row,
     read_source,
     row_error,
+    where,
 )
 
 log = logging.getLogger(__name__)
@@ -100,7 +103,7 @@ def collect_prompts(
     read them back from it in the shuffled order."""
     if on_bad_row not in ("stop", "skip"):
         raise PromptError(f"prompts.on_bad_row is {on_bad_row!r} (fix: use stop or skip)")
-    check_sources(sources, regenerate_enabled, on_bad_row="skip")  # existence only; rows below
+    check_sources(sources, regenerate_enabled, rows=0)  # existence only; rows below
     spool = tempfile.TemporaryFile()  # deleted when closed (or when the rows are dropped)
     offsets = array("q", [0])  # row k is spool[offsets[k]:offsets[k + 1]]
     row_source = array("l")  # index into `sources` of row k (for the per-source split counts)
@@ -136,6 +139,13 @@ def collect_prompts(
             offsets.append(offsets[-1] + spool.write(line))
             row_source.append(source_index)
         _log_source(st)
+        if st.rows_read and st.rejected == st.rows_read:
+            first = next(r for r in rejects if r["source"] == source)
+            raise PromptError(
+                f"{source}: all {st.rows_read} rows were rejected ({_reasons(st)}); prompts.on_bad_row: skip "
+                f"leaves out bad rows, never a whole source. The first: {where(source, first['line'], indexed)}: "
+                f"{first['reason']} (fix: {first['fix']}; or remove the source from prompts.sources)"
+            )
 
     kept = len(row_source)
     if not kept:
@@ -203,10 +213,11 @@ def _log_source(st: SourceStats) -> None:
         st.path, st.format, st.rows_read, st.kept, st.duplicates, st.rejected,
     )
     if st.rejected:
-        log.warning(
-            "%s: rejected %d rows (%s); see rejects.jsonl", st.path, st.rejected,
-            ", ".join(f"{code}: {n}" for code, n in sorted(st.rejected_reasons.items())),
-        )
+        log.warning("%s: rejected %d rows (%s); see rejects.jsonl", st.path, st.rejected, _reasons(st))
+
+
+def _reasons(st: SourceStats) -> str:
+    return ", ".join(f"{code}: {n}" for code, n in sorted(st.rejected_reasons.items()))
 
 
 def build_prompts(

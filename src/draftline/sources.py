@@ -12,8 +12,10 @@ here.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 from collections import Counter
@@ -153,13 +155,23 @@ def _hub_cache_dirs(raw: str, hub: HubSource) -> list[Path]:
     return found
 
 
-def check_sources(
-    paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop"
-) -> None:
-    """Fail fast (at Snakemake parse time) on a source that is missing, empty or unreadable.
+# Rows of each source checked at plan time (fields, roles, turn order), the first ones only, so a
+# wrong column name or format stops the dry run rather than the prompts job, at any source size.
+CHECKED_ROWS = 5
 
-    Cheap: stats each path and, in stop mode, validates the first row of JSONL files so a file
-    in the wrong format fails before any job runs. The full check happens in the prompts job.
+
+def check_sources(
+    paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop", rows: int = CHECKED_ROWS
+) -> None:
+    """Fail fast (at Snakemake parse time) on a source that is missing, empty or unreadable, or
+    whose first rows cannot be used.
+
+    Cheap in every format: the first `rows` rows of each source are read (a JSONL file's first
+    lines, a JSON list's first elements, a Parquet file's first batch, the first Arrow batch of a
+    save_to_disk folder or of a cached hub split) and validated as the prompts job validates them.
+    In stop mode the first bad one stops the plan; in skip mode only a source whose rows read are
+    all bad does (a wrong column name or format: the job would reject all of it). The full check
+    happens in the prompts job. `rows=0` checks that the sources exist and nothing more.
     """
     seen: set[str] = set()
     for raw in paths:
@@ -172,20 +184,128 @@ def check_sources(
         hub = hub_source(raw)
         if hub is not None:
             _hub_cache_dirs(raw, hub)
+        else:
+            _check_exists(raw, Path(raw))
+        if rows > 0:
+            indexed, head = _first_rows(raw, rows)
+            _check_rows(raw, indexed, head, regenerate_enabled, on_bad_row)
+
+
+def _check_rows(raw: str, indexed: bool, head: list[RawRow], regenerate_enabled: bool, on_bad_row: str) -> None:
+    bad: list[tuple[RawRow, BadRow]] = []
+    for row in head:
+        try:
+            if row.error:
+                raise row.error
+            normalize_row(row.value, regenerate_enabled)
+        except BadRow as error:
+            if on_bad_row == "stop":
+                raise row_error(raw, row.line, indexed, error) from None
+            bad.append((row, error))
+    if head and len(bad) == len(head):
+        row, error = bad[0]
+        raise PromptError(
+            f"{raw}: none of its first {len(head)} rows can be used, so prompts.on_bad_row: skip would "
+            f"reject the whole source; the first: {where(raw, row.line, indexed)}: {error.reason} "
+            f"(fix: {error.fix}; or remove the source from prompts.sources)"
+        )
+
+
+def _first_rows(raw: str, n: int) -> tuple[bool, list[RawRow]]:
+    """(indexed, the first `n` rows) of a source, read without loading it whole."""
+    hub = hub_source(raw)
+    if hub is not None:
+        return True, _first_arrow_rows(raw, _hub_split_files(raw, hub), n)
+    path = Path(raw)
+    if path.is_dir():
+        state = json.loads((path / "state.json").read_text())
+        return True, _first_arrow_rows(raw, [path / f["filename"] for f in state["_data_files"]], n)
+    if _is_json_list(path):
+        return True, _first_json_list_rows(raw, path, n)
+    if path.suffix == ".parquet":
+        with contextlib.closing(_read_parquet(raw, path)) as rows:
+            return True, list(itertools.islice(rows, n))
+    with contextlib.closing(_read_jsonl(raw, path)) as rows:
+        return False, list(itertools.islice(rows, n))  # an all-blank file raises PromptError here
+
+
+def _first_arrow_rows(raw: str, files: list[Path], n: int) -> list[RawRow]:
+    """The first rows of a datasets Arrow table (save_to_disk, or datasets' cache) as
+    `dataset[i]` gives them, read with pyarrow: importing datasets would cost the plan seconds."""
+    import pyarrow as pa
+
+    out: list[RawRow] = []
+    for file in files:
+        try:
+            reader = pa.ipc.open_stream(pa.memory_map(str(file)))
+            for batch in reader:
+                for value in batch.slice(0, n - len(out)).to_pylist():
+                    out.append(RawRow(len(out), _dump(value), value))
+                if len(out) >= n:
+                    return out
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise PromptError(
+                f"{raw}: {file} cannot be read as an Arrow file ({exc}) (fix: rewrite the dataset with "
+                "Dataset.save_to_disk, or load the hub dataset again)"
+            ) from None
+    if not out:
+        raise PromptError(f"{raw}: empty dataset, no rows (fix: add conversations or remove it from prompts.sources)")
+    return out
+
+
+def _hub_split_files(raw: str, hub: HubSource) -> list[Path]:
+    """The Arrow files datasets' cache holds for the split (<name>-<split>[-NNNNN-of-NNNNN].arrow)."""
+    folders = _hub_cache_dirs(raw, hub)
+    for folder in reversed(folders):
+        files = sorted([*folder.glob(f"*-{hub.split}.arrow"), *folder.glob(f"*-{hub.split}-[0-9]*-of-[0-9]*.arrow")])
+        if files:
+            return files
+    cached = sorted(p.name for d in folders for p in d.glob("*.arrow"))
+    raise PromptError(
+        f"{raw}: split {hub.split!r} is not in the local datasets cache ({', '.join(map(str, folders))} "
+        f"holds {cached or 'no Arrow file'}) (fix: name a cached split as "
+        f"{HUB_PREFIX}{hub.repo_id}{f'/{hub.config}' if hub.config else ''}:SPLIT, or load it once with network)"
+    )
+
+
+def _first_json_list_rows(raw: str, path: Path, n: int) -> list[RawRow]:
+    """The first `n` elements of a .json list, decoded from the file's head (read in growing
+    pieces: a list of gigabytes is not parsed whole at plan time). A file that is not UTF-8, not
+    well-formed where it was read, or empty is left to the full parse, whose message names it."""
+    decoder = json.JSONDecoder()
+    size, total = 1 << 20, path.stat().st_size
+    while True:
+        with path.open("rb") as handle:
+            head = handle.read(size)
+        whole = len(head) >= total
+        try:
+            text = codecs.getincrementaldecoder("utf-8-sig")().decode(head, final=whole)
+        except UnicodeDecodeError:
+            break
+        out: list[RawRow] = []
+        at = _skip_separators(text, text.index("[") + 1)
+        try:
+            while len(out) < n and at < len(text) and text[at] != "]":
+                value, at = decoder.raw_decode(text, at)
+                out.append(RawRow(len(out), _dump(value), value))
+                at = _skip_separators(text, at)
+        except json.JSONDecodeError:
+            if whole:
+                break
+            size *= 4  # the element goes on past what was read
             continue
-        path = Path(raw)
-        _check_exists(raw, path)
-        if path.is_dir() or _is_json_list(path) or path.suffix == ".parquet":
-            continue
-        with contextlib.closing(_read_jsonl(raw, path)) as rows:
-            first = next(rows)  # an all-blank file raises PromptError here
-        if on_bad_row == "stop":
-            try:
-                if first.error:
-                    raise first.error
-                normalize_row(first.value, regenerate_enabled)
-            except BadRow as bad:
-                raise row_error(raw, first.line, False, bad) from None
+        if len(out) == n or (out and whole) or (out and text[at:at + 1] == "]"):
+            return out
+        if whole:
+            break
+        size *= 4
+    return list(itertools.islice(_read_json_list(raw, path), n))
+
+
+def _skip_separators(text: str, at: int) -> int:
+    while at < len(text) and (text[at].isspace() or text[at] == ","):
+        at += 1
+    return at
 
 
 def source_files(paths: Sequence[str]) -> list[str]:
@@ -263,8 +383,9 @@ def _count_source(raw: str) -> int | str:
 def _check_exists(raw: str, path: Path) -> None:
     if not path.exists():
         raise PromptError(
-            f"{raw}: prompt source not found (fix: correct the path in prompts.sources; relative "
-            "paths are read from the folder snakemake runs in)"
+            f"{raw}: prompt source not found (looked at {path.resolve()}) (fix: correct the path in "
+            "prompts.sources; relative paths are read from the folder snakemake runs in: the checkout, or "
+            "the run folder given with --directory)"
         )
     if path.is_dir():
         if (path / "dataset_dict.json").is_file():

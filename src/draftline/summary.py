@@ -1,11 +1,12 @@
 """One page per run: `results/summary.md` and `results/summary.json`, read from what the stages wrote.
 
 What it holds: the run's name and target, data counts (prompts, regenerated answers, tokenized
-rows and tokens), truncation shares (answers cut at regenerate.max_new_tokens, conversations cut
-at tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake's benchmark
+rows and tokens), each prompt source's rows read, kept, duplicated and rejected (with the
+reasons), truncation shares (answers cut at regenerate.max_new_tokens, conversations cut at
+tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake's benchmark
 files, longest first), the published epoch (counted from 1, as in every log) and the samples the
-Trainer skipped without hidden states, acceptance per prompt set (trained vs untrained draft,
-per position) and warnings a user should act on.
+Trainer skipped without hidden states, acceptance per prompt set (trained vs untrained draft, per
+position) and warnings a user should act on.
 Nothing here is measured again: every figure names the file it comes from.
 """
 
@@ -103,6 +104,21 @@ def build_summary(
         "trainable_tokens": tokenized.get("trainable_tokens"), "max_seq_len": tokenized.get("max_seq_len"),
         "draft_vocab_size": vocab.get("draft_vocab_size"), "draft_vocab_coverage": vocab.get("coverage"),
     }  # fmt: skip
+    sources = [
+        {key: source.get(key) for key in ("path", "format", "rows_read", "kept", "duplicates", "rejected", "rejected_reasons")}
+        for source in prompts.get("sources") or []
+    ]  # fmt: skip
+    rejected = [s for s in sources if s["rejected"]]
+    if rejected:
+        per_source = "; ".join(
+            f"{s['rejected']} of {s['rows_read']} rows of {s['path']} ("
+            + ", ".join(f"{code}: {n}" for code, n in sorted((s["rejected_reasons"] or {}).items())) + ")"
+            for s in rejected
+        )
+        warnings.append(
+            f"prompts.on_bad_row: skip left out {sum(s['rejected'] for s in rejected)} rows: {per_source}; each "
+            "with its reason and fix in results/prompts/rejects.jsonl"
+        )
     truncation: dict = {}
     if regenerated:
         answers = regenerated.get("turns_generated") or 0
@@ -169,6 +185,7 @@ def build_summary(
         "target": target,
         "device": device,
         "data": data,
+        "sources": sources,
         "truncation": truncation,
         "training": training,
         "acceptance": json.loads(accept.to_json(orient="records")) if not accept.empty else [],
@@ -248,6 +265,15 @@ def to_markdown(summary: dict) -> str:
             lines.append(
                 f"| conversations cut at max_seq_len | {truncation['conversations_cut_at_max_seq_len']} "
                 f"({_share(truncation['conversations_cut_share'])}) |"
+            )
+    if summary.get("sources"):
+        lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for source in summary["sources"]:
+            reasons = ", ".join(f"{code}: {n}" for code, n in sorted((source["rejected_reasons"] or {}).items()))
+            lines.append(
+                f"| {source['path']} | {source['format']} | {source['rows_read']} | {source['kept']} | "
+                f"{source['duplicates']} | {source['rejected']}{f' ({reasons})' if reasons else ''} |"
             )
     lines += ["", f"## Disk used: {_size(summary['disk_bytes_total'])}", "", "| folder (results/) | size |", "|---|---|"]
     lines += [f"| {folder} | {_size(size)} |" for folder, size in summary["disk_bytes"].items()]
