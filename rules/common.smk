@@ -18,6 +18,7 @@ sys.path.insert(0, str(SRC))
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
 from draftline.content_hash import HashCache  # noqa: E402
+from draftline.fidelity import FidelitySettings, resolve_min_top1  # noqa: E402
 from draftline.disk import (  # noqa: E402
     DiskLimitError,
     check_limit,
@@ -191,6 +192,18 @@ def regeneration_shards():
 def evaluation_prompt_set_files():
     """The files of evaluate.prompt_sets (a dataset folder's files too), so an edit reruns evaluation."""
     return source_files(list(config["evaluate"]["prompt_sets"].values()))
+
+
+def fidelity_settings():
+    """hidden_states.fidelity with its `auto` bar resolved for where the answers come from, as a
+    param that does not decide staleness (a FidelitySettings object: Snakemake compares only plain
+    values): the bar gates a shard's publishing, it is not what the states are, so a new bar reruns
+    no published shard, and a shard that failed reruns under it reusing its staged files."""
+    block = config["hidden_states"]["fidelity"]
+    bar, basis = resolve_min_top1(
+        block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
+    )
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
 
 
 def hidden_state_shards():

@@ -17,7 +17,8 @@ if __name__ == "__main__":
         **(
             {"server_gpus": hidden["server_gpus"], "max_seq_len": hidden["max_seq_len"], "dtype": hidden["dtype"],
              "ready_timeout_s": snakemake.config["hidden_states"]["online_server_timeout_s"],
-             "server_log": snakemake.log.server}
+             "server_log": snakemake.log.server,
+             "fidelity": snakemake.params.fidelity}  # hidden_states.fidelity, its bar resolved
             if online else {}
         ),
     )
