@@ -240,7 +240,7 @@ def measure(head: TargetHead, samples: Sequence, extracted: Sequence[int]) -> di
         "top1_all": _share(hits["all"], counts["all"]),
         "nll_assistant": round(nll_assistant / counts["assistant"], 4) if counts["assistant"] else None,
         "last_layer": extracted[-1],
-        "layers": layer_stats(torch.cat(stacked) if stacked else None, extracted),
+        "layers": layer_stats(stacked, extracted),
         "per_row": per_row,
     }
 
@@ -249,19 +249,25 @@ def _share(hits: int, total: int) -> float | None:
     return round(hits / total, 4) if total else None
 
 
-def layer_stats(states, extracted: Sequence[int]) -> list[dict]:
-    """Per stored layer of `states` [tokens, n_layers, hidden]: RMS, the spread over tokens
-    (mean per-feature std / RMS) and the relative difference ||a - b|| / max(||a||, ||b||) to the
-    nearest other stored layer (and its id)."""
-    if states is None or states.shape[0] == 0:
+def layer_stats(rows: Sequence, extracted: Sequence[int]) -> list[dict]:
+    """Per stored layer of the rows' states (each [tokens, n_layers, hidden]): RMS, the spread over
+    each row's tokens (mean per-feature std / RMS, token-weighted over the rows) and the relative
+    difference ||a - b|| / max(||a||, ||b||) to the nearest other stored layer (and its id)."""
+    import torch
+
+    rows = [r.float() for r in rows if r.shape[0] > 0]
+    if not rows:
         return []
-    x = states.float()
+    x = torch.cat(rows)
     norms = [float(x[:, j].norm()) for j in range(x.shape[1])]
+    spread_rows = [r for r in rows if r.shape[0] > 1]  # one token has no spread
+    weights = sum(r.shape[0] for r in spread_rows)
     out = []
     for j, layer in enumerate(extracted):
         xj = x[:, j]
         rms = float(xj.pow(2).mean().sqrt())
-        spread = float(xj.std(dim=0, unbiased=False).mean()) / rms if rms > 0 else 0.0
+        spread = sum(float(r[:, j].std(dim=0, unbiased=False).mean()) * r.shape[0] for r in spread_rows)
+        spread = spread / weights / rms if rms > 0 and weights else 0.0
         nearest, nearest_id = math.inf, None
         for k, other in enumerate(extracted):
             if k != j:
