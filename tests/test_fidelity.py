@@ -296,3 +296,42 @@ def test_an_extraction_with_right_states_records_its_fidelity_in_the_manifest_an
     total = view["fidelity"]["total"]
     assert total["rows"] == 2 and total["top1_assistant"] >= 0.99 and total["min_top1"] == AUTO_MIN_TOP1_GREEDY
     assert set(view["fidelity"]["shards"]) == {str(s) for s in shards}
+
+
+# ---------------------------------------------------------------- online
+
+
+@pytest.mark.dag
+def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_dataset, tmp_path):
+    """hidden_states.mode online: the train job's server (vLLM CPU) makes the sampled rows' states
+    as the Trainer would ask for them; right states of greedy answers pass and are recorded, and
+    answers that are not the target's (random tokens) stop the job before training, naming the
+    server, the layer, the agreement and the bar."""
+    import random
+
+    from datasets import Dataset
+
+    from draftline.backends.vllm_server import ServerSettings, VllmServer
+    from draftline.train import HiddenStateSource, TrainInputs, check_online_fidelity
+
+    rng = random.Random(0)
+    noise = [[rng.randrange(1, 500) for _ in range(len(ids))] for ids, _ in tiny.rows]
+    Dataset.from_dict({"input_ids": noise, "loss_mask": [m for _, m in tiny.rows],
+                       "seq_len": list(map(len, noise))}).save_to_disk(str(tmp_path / "noise"))  # fmt: skip
+    settings = ServerSettings(target_dir=str(tiny.target), extracted=tuple(tiny.extracted), max_model_len=256,
+                              dtype="float32", enforce_eager=True, cuda=False)  # fmt: skip
+    greedy = FidelitySettings(rows=3, min_top1=AUTO_MIN_TOP1_GREEDY, basis="auto: greedy regenerated answers")
+    source = HiddenStateSource(mode="online", server_log=str(tmp_path / "server.log"), fidelity=greedy)
+
+    def inputs(dataset):
+        return TrainInputs(config_dir=tmp_path, dataset=dataset, hidden_states=None, d2t=tmp_path, t2d=tmp_path,
+                           layer_ids=tmp_path, target=str(tiny.target))  # fmt: skip
+
+    with VllmServer(settings, tmp_path / "scratch", source.server_log) as server:
+        record = check_online_fidelity(inputs(greedy_dataset), server.endpoint, source, settings)
+        assert record["rows"] == [0, 2, 3] and record["top1_assistant"] >= 0.99
+        assert record["min_top1"] == AUTO_MIN_TOP1_GREEDY and [x["layer"] for x in record["layers"]] == tiny.extracted
+        with pytest.raises(FidelityError, match=r"the online hidden-state server for .* \(dataset rows 0, 1, 3\): .*"
+                                                r"layer id 8\) predicts the next token on 0\.0\d* .* min_top1 = 0\.9"):
+            check_online_fidelity(inputs(tmp_path / "noise"), server.endpoint, source, settings)
+    assert not list((tmp_path / "scratch").glob("*.safetensors"))  # every file read and deleted
