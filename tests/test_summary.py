@@ -44,7 +44,7 @@ def test_summary_of_a_finished_run(tiny_run, tmp_path):
 
     # the hidden-state fidelity the shards passed before training (greedy answers: the auto bar)
     checked = provenance["hidden_states"]["fidelity"]["total"]
-    assert summary["hidden_state_fidelity"]["top1_assistant"] == checked["top1_assistant"] >= checked["min_top1"] == 0.9
+    assert summary["hidden_state_fidelity"]["top1_assistant"] == checked["top1_assistant"] >= checked["min_top1"] == 0.75
     assert summary["hidden_state_fidelity"]["rows"] == checked["rows"] > 0
     assert "## Hidden-state fidelity" in markdown and f"{checked['top1_assistant']:.3f} of" in markdown
 
