@@ -48,24 +48,28 @@ VARIANTS = ("right", "zeros", "last = aux n-3", "last = aux 2", "off by one (las
 
 def _forward_layers(target: str, ids: list[int], wanted: list[int]):
     """Transformers' hidden_states[i] for i in `wanted` ([tokens, len(wanted), hidden]); i = n is
-    the final norm's input (vLLM's last id)."""
+    the final norm's input (vLLM's last id). One forward per row (cached)."""
     from transformers import AutoModelForCausalLM
 
-    model = _forward_layers.cache.get(target)
+    model = _forward_layers.models.get(target)
     if model is None:
-        model = _forward_layers.cache[target] = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        model = _forward_layers.models[target] = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     n = model.config.num_hidden_layers
-    captured = {}
-    hook = model.model.norm.register_forward_pre_hook(lambda m, a: captured.__setitem__("last", a[0][0]))
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-    finally:
-        hook.remove()
-    return torch.stack([captured["last"] if i == n else out[i][0] for i in wanted], dim=1)
+    key = (target, tuple(ids))
+    if key not in _forward_layers.rows:
+        captured = {}
+        hook = model.model.norm.register_forward_pre_hook(lambda m, a: captured.__setitem__("last", a[0][0]))
+        try:
+            with torch.no_grad():
+                out = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        finally:
+            hook.remove()
+        _forward_layers.rows[key] = [h[0] for h in out[:n]] + [captured["last"]]
+    layers = _forward_layers.rows[key]
+    return torch.stack([layers[i] for i in wanted], dim=1)
 
 
-_forward_layers.cache = {}
+_forward_layers.models, _forward_layers.rows = {}, {}
 
 
 def _verdict(measured: dict, bar: float) -> str:
@@ -77,7 +81,7 @@ def _verdict(measured: dict, bar: float) -> str:
         return "caught: " + ("agreement" if "predicts the next token" in text else "layer check")
 
 
-def run_figures(label: str, run: Path) -> dict:
+def run_figures(label: str, run: Path, rows_per_shard: int = 8) -> dict:
     from datasets import load_from_disk
 
     view = read_manifest(run / "results/hidden_states/all")
@@ -94,7 +98,7 @@ def run_figures(label: str, run: Path) -> dict:
     samples = []
     for shard, m in manifests.items():
         folder = run / shard if not Path(shard).is_absolute() else Path(shard)
-        for r in m["fidelity"]["rows"]:
+        for r in m["fidelity"]["rows"][:rows_per_shard]:
             samples.append(Sample(r, read_states(folder / file_name(r), fmt), dataset[r]["input_ids"], dataset[r]["loss_mask"]))
     n = extracted[-1]
     corrupt = {
@@ -126,7 +130,7 @@ def run_figures(label: str, run: Path) -> dict:
         "target": target,
         "regenerate": cfg.get("regenerate"),
         "layers": extracted,
-        "rows": len(samples),
+        "rows": len(samples),  # the first rows_per_shard of each shard's checked rows
         "assistant_tokens": sum(sum(s.loss_mask[1:]) for s in samples),
         "in_workflow": {str(s): m["fidelity"] for s, m in manifests.items()},
         "view_total": (view.get("fidelity") or {}).get("total"),
@@ -161,11 +165,11 @@ def markdown(record: dict) -> str:
                   f"Target {Path(run['target']).name}, layers {run['layers']}, regenerate {json.dumps(run['regenerate'])}; "
                   f"{run['rows']} rows, {run['assistant_tokens']} assistant positions. Load during the run: "
                   f"{json.dumps(run.get('load'))}.", "",
-                  "| states | top-1, assistant | top-1, all | NLL, assistant | at 0.9 | at 0.2 |", "|---|---|---|---|---|---|"]  # fmt: skip
+                  f"| states | top-1, assistant | top-1, all | NLL, assistant | at {AUTO_MIN_TOP1_GREEDY} | at {AUTO_MIN_TOP1_OTHER} |", "|---|---|---|---|---|---|"]  # fmt: skip
         for name, f in run["variants"].items():
             lines.append(f"| {name} | {f['top1_assistant']} | {f['top1_all']} | {f['nll_assistant']} | "
                          f"{f['at_greedy_bar']} | {f['at_other_bar']} |")  # fmt: skip
-        shards = "; ".join(f"{Path(s).name}: {v['top1_assistant']} on {v['assistant_tokens']}" for s, v in run["in_workflow"].items())
+        shards = "; ".join(f"{Path(s).name}: {v['top1_assistant']} on {v['assistant_tokens']} assistant positions of {len(v['rows'])} rows" for s, v in run["in_workflow"].items())
         lines += ["", f"As the shard jobs measured them: {shards}.", ""]
     return "\n".join(lines) + "\n"
 
@@ -177,12 +181,13 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="LABEL=RUN_FOLDER")
     parser.add_argument("--out", default="benchmarks/results/hidden_state_fidelity")
     parser.add_argument("--command", default="", help="how the runs were made (recorded)")
+    parser.add_argument("--rows-per-shard", type=int, default=8, help="of the rows each shard job checked")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = []
     for spec in args.runs:
         label, folder = spec.split("=", 1)
-        figures = run_figures(label, Path(folder))
+        figures = run_figures(label, Path(folder), args.rows_per_shard)
         log = Path(folder) / "loadavg.log"
         figures["load"] = _load(log, 0, time.time()) if log.exists() else None
         runs.append(figures)
