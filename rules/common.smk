@@ -27,6 +27,7 @@ from draftline.disk import (  # noqa: E402
     row_lengths,
     upper_bound_estimate,
 )
+from draftline.fidelity import FidelitySettings, resolve_min_top1  # noqa: E402
 from draftline.plan import PlanError, code_hash, pinned_versions, resolved_settings  # noqa: E402
 from draftline.sizing import planned_training_rows  # noqa: E402
 from draftline.sources import PromptError, check_sources, source_files  # noqa: E402
@@ -269,6 +270,18 @@ def regeneration_shards():
 def evaluation_prompt_set_files():
     """The files of evaluate.prompt_sets (a dataset folder's files too), so an edit reruns evaluation."""
     return source_files(list(config["evaluate"]["prompt_sets"].values()))
+
+
+def fidelity_settings():
+    """hidden_states.fidelity with its `auto` bar resolved for where the answers come from, as a
+    param that does not decide staleness (a FidelitySettings object: Snakemake compares only plain
+    values): the bar gates a shard's publishing, it is not what the states are, so a new bar reruns
+    no published shard, and a shard that failed reruns under it reusing its staged files."""
+    block = config["hidden_states"]["fidelity"]
+    bar, basis = resolve_min_top1(
+        block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
+    )
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
 
 
 def hidden_state_shards():

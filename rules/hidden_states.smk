@@ -38,6 +38,8 @@ rule hidden_states_shard:
         versions=versions("vllm", "torch", "transformers"),
         trust_remote_code=config["target"]["trust_remote_code"],
         chunk_rows=64,
+        # checked before the shard is published (draftline.fidelity); not part of staleness
+        fidelity=fidelity_settings(),
     script:
         "../scripts/hidden_states.py"
 

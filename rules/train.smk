@@ -52,5 +52,8 @@ rule train:
              "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"]}
             if ONLINE else {"mode": "offline"}
         ),
+        # online: checked on rows the server makes before the Trainer starts (offline: in the shards);
+        # not part of staleness (fidelity_settings)
+        fidelity=fidelity_settings(),
     script:
         "../scripts/train.py"

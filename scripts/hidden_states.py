@@ -28,5 +28,6 @@ if __name__ == "__main__":
         backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
         rows_per_call=snakemake.params.chunk_rows,
         format=snakemake.params.format,  # hidden_states.format: full or fp8
+        fidelity=snakemake.params.fidelity,  # hidden_states.fidelity, its bar resolved
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -19,7 +19,8 @@ if __name__ == "__main__":
              # read from the config, not params: neither changes a published checkpoint
              "ready_timeout_s": snakemake.config["hidden_states"]["online_server_timeout_s"],
              "max_skipped_samples": snakemake.config["hidden_states"]["online_max_skipped_samples"],
-             "server_log": snakemake.log.server}
+             "server_log": snakemake.log.server,
+             "fidelity": snakemake.params.fidelity}  # hidden_states.fidelity, its bar resolved
             if online else {}
         ),
     )

@@ -84,6 +84,14 @@ def tiny_model_generation_tags(tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def embedded_target(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (the embedded default) as a float32 Hugging Face folder, once per session."""
+    from draftline.target_model import materialize_embedded
+
+    return shared_folder(tmp_path_factory, "embedded-target", lambda folder: materialize_embedded(folder))
+
+
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
     "List three fruits.", "How do I boil an egg?", "What is 2 + 2?", "Name a color.",
@@ -117,7 +125,10 @@ def tiny_run(tmp_path_factory, tiny_model):
             "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
             "regenerate": {"max_new_tokens": 24},
             "tokenize": {"max_seq_len": 256},
-            "hidden_states": {"shards": 2},
+            # the tiny random model's greedy answers re-tokenize into other tokens, so right states
+            # agree only 0.44-0.99 on 8-row samples (the auto bar 0.8 is for real targets:
+            # benchmarks/results/hidden_state_fidelity.md); 0.3 still catches zeros and other rows
+            "hidden_states": {"shards": 2, "fidelity": {"min_top1": 0.3}},
             "vocab": {"draft_vocab_size": 256},
             "train": {"epochs": 2, "total_seq_len": 512},
         })

@@ -258,6 +258,9 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     hidden = provenance["hidden_states"]
     assert hidden["mode"] == "online" and hidden["server"]["extracted"] == [2, 4, 5, 8]
     assert hidden["server"]["dtype"] == "float32" and provenance["inputs"]["target"]
+    # the server's states were checked before the Trainer started (the tiny run's bar: conftest)
+    assert hidden["fidelity"]["top1_assistant"] >= hidden["fidelity"]["min_top1"] == 0.3
+    assert "fidelity of the online hidden-state server" in log
     # nothing left on disk by the server: every sample's file was deleted once loaded
     run_dir = Path(provenance["run_dir"])
     run_dir = run_dir if run_dir.is_absolute() else run / run_dir

@@ -77,7 +77,9 @@ def make_workdir(workdir: Path, tiny_model: Path, extra_rows: list[str] = (), **
         "prompts": {"sources": ["prompts.jsonl"], "validation": 0, "test": 1},
         "regenerate": {"enabled": False},
         "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
+        # the tiny random model predicts none of these hand-written answers (agreement ~0.05,
+        # benchmarks/results/hidden_state_fidelity.md): only the layer checks apply
+        "hidden_states": {"shards": 2, "fidelity": {"min_top1": 0}},
         "vocab": {"draft_vocab_size": 256},
         "train": {"epochs": 1, "total_seq_len": 256},
     }

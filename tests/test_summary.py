@@ -42,6 +42,12 @@ def test_summary_of_a_finished_run(tiny_run, tmp_path):
     folder = provenance.get("chosen_epoch_folder", provenance["chosen_epoch"])
     assert summary["training"]["chosen_epoch"] == int(folder) + 1
 
+    # the hidden-state fidelity the shards passed before training (the tiny run sets its bar: conftest)
+    checked = provenance["hidden_states"]["fidelity"]["total"]
+    assert summary["hidden_state_fidelity"]["top1_assistant"] == checked["top1_assistant"] >= checked["min_top1"] == 0.3
+    assert summary["hidden_state_fidelity"]["rows"] == checked["rows"] > 0
+    assert "## Hidden-state fidelity" in markdown and f"{checked['top1_assistant']:.3f} of" in markdown
+
     # acceptance: trained and untrained on every set, per position k values
     acceptance = _stage(run, "eval/acceptance.json")
     rows = {(r["set"], r["draft"]): r for r in summary["acceptance"]}

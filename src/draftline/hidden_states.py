@@ -9,7 +9,10 @@ transformers forward pass) computes the rows' files; this stage owns everything 
   and nothing is reused across settings;
 - every file validated (token ids, length, layer count, hidden size, dtype, finite values)
   before it counts;
-- the shard published in one rename with its `manifest.json`.
+- the states checked to be the target's (`draftline.fidelity`: its final norm + lm_head on the
+  stored last layer of a few rows must predict their next tokens; no stored layer all zero,
+  constant or a copy of another) before anything is published;
+- the shard published in one rename with its `manifest.json` (which records those figures).
 
 Layer ids follow vLLM: id i is the residual stream after decoder layer i (id 0 would be the
 embeddings); the last id is the un-normed output of the last layer, which speculators' Trainer
@@ -23,12 +26,13 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from draftline import backends
+from draftline import backends, fidelity as fidelity_check
 from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.hidden_states import (
@@ -38,6 +42,7 @@ from draftline.artifacts.hidden_states import (
     file_name,
     manifest_format,
     read_manifest,
+    read_states,
     shard_rows,
     validate_hidden_state_file,
     write_manifest,
@@ -117,11 +122,18 @@ def extract_shard(
     rows_per_call: int = 64,
     options: dict | None = None,
     format: str = "full",
+    fidelity: fidelity_check.FidelitySettings = fidelity_check.FidelitySettings(
+        min_top1=0.0, basis="no bar given to extract_shard: measured, layers checked"),
 ) -> dict:
     """Extract shard `shard` of `num_shards` into `out_dir` (published atomically); return its manifest.
 
     `format` is `hidden_states.format`: `full` (the engine dtype) or `fp8` (speculators' FP8
     layout, `draftline.artifacts.hidden_states`).
+
+    `fidelity` (`hidden_states.fidelity`, its bar resolved): `fidelity.rows` rows of the shard are
+    checked (`draftline.fidelity`) before publishing; a failure raises FidelityError and publishes
+    nothing, keeping the staged files (`check_staged_fidelity`). The workflow always passes the
+    configured bar; the default here measures and checks the layers only.
 
     `staging_root` (default: `<out_dir's parent>/.staging`) keeps validated files across a
     killed job; rows whose staged file still validates are not extracted again. `layer_ids` is
@@ -186,6 +198,11 @@ def extract_shard(
             )
         )  # fmt: skip
 
+    measured = check_staged_fidelity(
+        dataset, target_dir, rows, ids_by_row, staging, extracted, format, fidelity,
+        f"hidden-state shard {shard} of {num_shards} ({out_dir})", engine.trust_remote_code,
+    )  # fmt: skip
+
     total_tokens = sum(len(ids_by_row[r]) for r in rows)
     manifest = {
         "shard": shard,
@@ -212,9 +229,56 @@ def extract_shard(
         "target": str(target_dir),
         "staging_key": key,
         "versions": versions(),
+        "fidelity": measured,
     }
     publish(staging, rows, manifest, out_dir)
     return manifest
+
+
+def check_staged_fidelity(
+    dataset, target_dir, rows: range, ids_by_row: dict, staging: Path, extracted: Sequence[int], format: str,
+    settings: fidelity_check.FidelitySettings, where: str, trust_remote_code: bool = False,
+) -> dict | None:  # fmt: skip
+    """Measure and check `settings.rows` staged rows (`fidelity.sample_rows`: spread over the
+    shard, the same rows every time) before the shard is published; return the record for the
+    manifest (None with rows 0 or an empty shard).
+
+    On a failure nothing is published and the staged files stay: they are what the settings
+    produce (a rerun of the same settings would make the same states), and a rerun with a lower
+    bar reuses them without extracting again; the error says to delete them to extract anew (after
+    a fix in the extraction code, which the staging key does not cover).
+    """
+    if settings.rows <= 0 or not rows:
+        return None
+    t0 = time.perf_counter()
+    sample = fidelity_check.sample_rows(rows, settings.rows)
+    picked = dataset.select(sample).with_format(None)
+    if "loss_mask" in dataset.column_names:
+        masks = picked["loss_mask"]
+    else:
+        log.warning("%s: the dataset has no loss_mask column: every position counts as an assistant one", where)
+        masks = [[1] * len(ids_by_row[r]) for r in sample]
+    head = fidelity_check.read_head(target_dir, trust_remote_code)
+    samples = [
+        fidelity_check.Sample(r, read_states(staging / file_name(r), format), ids_by_row[r], mask)
+        for r, mask in zip(sample, masks, strict=True)
+    ]
+    measured = fidelity_check.measure(head, samples, extracted)
+    log.info(
+        "fidelity of %s: rows %s: top-1 agreement %s on %d assistant positions (bar %s, %s), %s on all; "
+        "layers %s (%.1f s)", where, sample, measured["top1_assistant"], measured["assistant_tokens"],
+        settings.min_top1, settings.basis, measured["top1_all"],
+        ", ".join(f"{x['layer']}: rms {x['rms']:.3g}, nearest {x['nearest_layer']} at {x['nearest_difference']}"
+                  for x in measured["layers"]), time.perf_counter() - t0,
+    )  # fmt: skip
+    try:
+        fidelity_check.check(measured, settings.min_top1, where, settings.basis)
+    except fidelity_check.FidelityError as err:
+        raise fidelity_check.FidelityError(
+            f"{err}. Nothing was published; the staged files in {staging} are kept (a rerun with another "
+            "bar reuses them; delete that folder to extract them again)"
+        ) from None
+    return fidelity_check.record(measured, settings)
 
 
 def open_staging(staging_root: Path, shard: int, key: str, record: dict) -> Path:
@@ -251,8 +315,10 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
     out_dir = Path(out_dir)
     owner: dict[int, Path] = {}
     ref = None
+    checked: dict[str, dict | None] = {}  # shard folder -> its fidelity record
     for d in map(Path, shard_dirs):
         m = read_manifest(d)
+        checked[str(d)] = m.get("fidelity")
         sig = (m["dataset_fingerprint"], m["dataset_rows"], m["layer_ids"]["extracted"], m["dtype"],
                manifest_format(m))  # fmt: skip
         if ref is None:
@@ -282,7 +348,10 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
             # Relative to the final folder (a sibling of tmp), so the links survive a move of results/.
             os.symlink(os.path.relpath(d / file_name(r), out_dir), tmp / file_name(r))
         summary = {"rows": num_rows, "shards": [str(d) for d in map(Path, shard_dirs)],
-                   "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4]}  # fmt: skip
+                   "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4],
+                   # every shard's check (draftline.fidelity) and their token-weighted total
+                   "fidelity": {"total": fidelity_check.combine(list(checked.values())),
+                                "shards": checked}}  # fmt: skip
         write_manifest(tmp, summary)
     log.info("view %s: %d rows from %d shards", out_dir, num_rows, len(shard_dirs))
     return summary

@@ -6,7 +6,8 @@ reasons), truncation shares (answers cut at regenerate.max_new_tokens, conversat
 tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake's benchmark
 files, longest first), the published epoch (counted from 1, as in every log) and the samples the
 Trainer skipped without hidden states, acceptance per prompt set (trained vs untrained draft, per
-position) and warnings a user should act on.
+position), the hidden-state fidelity check (draftline.fidelity, from the checkpoint's
+provenance) and warnings a user should act on.
 Nothing here is measured again: every figure names the file it comes from.
 """
 
@@ -159,6 +160,8 @@ def build_summary(
                 "for them, see logs/train.log (results/checkpoint/final/draftline_provenance.json)"
             )
 
+    fidelity = hidden_state_fidelity(provenance)
+
     accept = acceptance_table(acceptance) if acceptance else pd.DataFrame()
     if not accept.empty and device == "cpu":
         slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
@@ -188,6 +191,7 @@ def build_summary(
         "sources": sources,
         "truncation": truncation,
         "training": training,
+        "hidden_state_fidelity": fidelity,
         "acceptance": json.loads(accept.to_json(orient="records")) if not accept.empty else [],
         "headline_set": (acceptance or {}).get("headline_set"),
         "num_speculative_tokens": (acceptance or {}).get("num_speculative_tokens"),
@@ -197,6 +201,28 @@ def build_summary(
         "wall_seconds": dict(zip(times["job"], times["seconds"].tolist(), strict=True)),
         "wall_seconds_per_stage": times.groupby("stage")["seconds"].sum().sort_values(ascending=False).to_dict(),
         "warnings": warnings,
+    }
+
+
+def hidden_state_fidelity(provenance: dict) -> dict | None:
+    """The fidelity check the trained states passed (offline: every shard's, online: the server's
+    rows), from the checkpoint's provenance; None when it did not run (hidden_states.fidelity.rows 0)."""
+    hidden = provenance.get("hidden_states") or {}
+    record = hidden.get("fidelity")
+    if not record:
+        return None
+    total = record.get("total") if "total" in record else record  # offline: the view's total over shards
+    if not total:
+        return None
+    rows = total.get("rows")
+    return {
+        "mode": hidden.get("mode"),
+        "rows": len(rows) if isinstance(rows, list) else rows,
+        "assistant_tokens": total.get("assistant_tokens"),
+        "top1_assistant": total.get("top1_assistant"),
+        "lowest_shard_top1_assistant": total.get("lowest_shard_top1_assistant"),
+        "min_top1": total.get("min_top1"),
+        "basis": total.get("basis"),
     }
 
 
@@ -251,6 +277,16 @@ def to_markdown(summary: dict) -> str:
                 f"Samples skipped without hidden states: {skipped['total']} ({skipped['training']} in training, "
                 f"{skipped['validation']} in validation; {skipped['allowed']} allowed).",
             ]
+    fidelity = summary.get("hidden_state_fidelity")
+    if fidelity:
+        lowest = fidelity.get("lowest_shard_top1_assistant")
+        lines += ["## Hidden-state fidelity", "",
+                  f"Checked before training ({fidelity['mode']}): the target's own final norm + lm_head on the stored "
+                  f"last layer predicts the next token on {_fmt(fidelity['top1_assistant'])} of "
+                  f"{fidelity['assistant_tokens']} assistant positions in {fidelity['rows']} rows"
+                  + (f" (lowest shard {_fmt(lowest)})" if lowest is not None else "")
+                  + f"; bar {fidelity['min_top1']} ({fidelity['basis']}). Every stored layer non-zero, varying over "
+                  "tokens and distinct from the others.", ""]  # fmt: skip
     data, truncation = summary["data"], summary["truncation"]
     lines += ["## Data", "", "| what | count |", "|---|---|"]
     lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]

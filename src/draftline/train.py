@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from draftline import algorithms
+from draftline import algorithms, fidelity
 from draftline.algorithms import DraftSettings
 from draftline.artifacts import layer_ids, metrics
 from draftline.artifacts.hidden_states import TRAINER_BACKEND, file_name, read_manifest, validate_hidden_states
@@ -107,6 +107,8 @@ class HiddenStateSource:
     server_log: str = "logs/train_vllm_server.log"
     # samples the Trainer may skip for want of the server's hidden states (0 offline: files are checked)
     max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
+    # online: rows asked from the server and checked before the Trainer starts (draftline.fidelity)
+    fidelity: fidelity.FidelitySettings = fidelity.FidelitySettings()
 
     @property
     def online(self) -> bool:
@@ -618,12 +620,14 @@ def train(
         scratch = run_dir / "online_hidden_states"
         shutil.rmtree(scratch, ignore_errors=True)
         with VllmServer(server, scratch, source.server_log, source.ready_timeout_s, server_devices) as running:
+            checked = check_online_fidelity(inputs, running.endpoint, source, server, trust_remote_code)
             run(replace(inputs, hidden_states=scratch), running.endpoint)
             ready_s = running.ready_s
         shutil.rmtree(scratch, ignore_errors=True)
         server_record = {"mode": "online", "server": server.record(), "server_ready_s": ready_s,
                          "server_log": str(source.server_log),
-                         "server_devices": server_devices, "trainer_devices": trainer_devices}  # fmt: skip
+                         "server_devices": server_devices, "trainer_devices": trainer_devices,
+                         "fidelity": checked}  # fmt: skip
     else:
         run(inputs)
     log.info("trainer finished in %.1f s", time.monotonic() - started)
@@ -673,7 +677,8 @@ def train(
             "hidden_states_format": facts["hidden_states_format"],
             # offline: the files (their fingerprint is under inputs); online: the target (its
             # fingerprint under inputs) and the server that made them
-            "hidden_states": server_record or {"mode": "offline", "path": str(inputs.hidden_states)},
+            "hidden_states": server_record or {"mode": "offline", "path": str(inputs.hidden_states),
+                                               "fidelity": _view_fidelity(inputs.hidden_states)},
             "wall_s": round(time.monotonic() - started, 1),
             "rows": facts["rows"],
             # sample loads the Trainer skipped without hidden states, and how many were allowed
@@ -720,6 +725,46 @@ def check_skipped_samples(metrics_path: Path, source: HiddenStateSource, run_dir
     else:
         log.info("no sample skipped")
     return {**skipped, "allowed": allowed}
+
+
+def check_online_fidelity(inputs: TrainInputs, endpoint: str, source: HiddenStateSource, server,
+                          trust_remote_code: bool = False) -> dict | None:  # fmt: skip
+    """Online mode, before the Trainer starts: ask the running server for `source.fidelity.rows`
+    rows' states (spread over the dataset, as the Trainer would ask for them) and check them
+    (`draftline.fidelity`); return the record for provenance. A failure stops the job (the
+    server is stopped on the way out) before any training step."""
+    from datasets import load_from_disk
+
+    from draftline.backends.vllm_server import request_states
+
+    settings = source.fidelity
+    if settings.rows <= 0:
+        return None
+    t0 = time.monotonic()
+    dataset = load_from_disk(str(inputs.dataset))
+    sample = fidelity.sample_rows(range(len(dataset)), settings.rows)
+    picked = dataset.select(sample).with_format(None)
+    ids = dict(zip(sample, picked["input_ids"], strict=True))
+    states = request_states(endpoint, ids, timeout_s=source.ready_timeout_s)
+    head = fidelity.read_head(inputs.target, trust_remote_code)
+    measured = fidelity.measure(
+        head, [fidelity.Sample(r, states[r], ids[r], m) for r, m in zip(sample, picked["loss_mask"], strict=True)],
+        server.extracted,
+    )  # fmt: skip
+    where = f"the online hidden-state server for {inputs.target} (log {source.server_log})"
+    log.info("fidelity of %s: rows %s: top-1 agreement %s on %d assistant positions (bar %s, %s), %s on all (%.1f s)",
+             where, sample, measured["top1_assistant"], measured["assistant_tokens"], settings.min_top1,
+             settings.basis, measured["top1_all"], time.monotonic() - t0)  # fmt: skip
+    fidelity.check(measured, settings.min_top1, where, settings.basis)
+    return fidelity.record(measured, settings)
+
+
+def _view_fidelity(view: Path | None) -> dict | None:
+    """The training view's fidelity record (every shard's check), None for a view from before it."""
+    try:
+        return read_manifest(view).get("fidelity")
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
 
 
 def name_verifier(config_path: Path, name: str) -> None:
