@@ -344,3 +344,21 @@ def test_embedded_target_trained_tokens_are_exactly_what_it_generated(tmp_path_f
     assert summary["answers_truncated_at_generation"] >= 1  # both kinds of answer are covered
     for rid, ids, mask in zip(summary["ids"], dataset["input_ids"], dataset["loss_mask"]):
         assert [t for t, m in zip(ids, mask) if m] == generated[rid], rid
+
+
+def test_the_answers_digest_is_the_merged_files_sha256_in_sha256sums_format(tmp_path):
+    """results/regenerated/conversations.sha256, what tokenize follows: `sha256sum -c` checks it
+    from its folder, and only the conversations' content changes it."""
+    import subprocess
+
+    from draftline.regenerate import write_answers_digest
+
+    merged, digest = tmp_path / "conversations.jsonl", tmp_path / "conversations.sha256"
+    merged.write_text('{"id": "a", "messages": []}\n')
+    first = write_answers_digest(merged, digest)
+    assert digest.read_text() == f"{first}  conversations.jsonl\n"
+    assert subprocess.run(["sha256sum", "-c", digest.name], cwd=tmp_path, capture_output=True).returncode == 0
+    merged.write_text('{"id": "a", "messages": []}\n')  # rewritten, same content
+    assert write_answers_digest(merged, digest) == first
+    merged.write_text('{"id": "a", "messages": [{"role": "assistant", "content": "other"}]}\n')
+    assert write_answers_digest(merged, digest) != first
