@@ -27,6 +27,7 @@ include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/lineage.smk"
 include: "rules/summary.smk"
+include: "rules/preflight.smk"
 
 
 rule all:
