@@ -101,6 +101,13 @@ def test_a_cuda_12_driver_under_the_cuda_13_torch_fails_saying_what_to_install(n
     # the CUDA 12 builds on that driver pass (minor version compatibility), and no driver at all fails
     ok = by_name(environment_checks(node(torch="2.13.0+cu128", driver="12.4"), cuda_plan(), LLAMA_8B))
     assert ok[preflight.DRIVER].status == PASS and "minor version compatibility" in ok[preflight.DRIVER].reason
+    # ... but the vLLM wheel from PyPI (built against the CUDA 13 torch) does not load beside it
+    mismatch = ImportError("vllm/_C.abi3.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev")
+    checks = by_name(environment_checks(node(torch="2.13.0+cu128", driver="12.4"), cuda_plan(), LLAMA_8B, mismatch))
+    vllm = checks[preflight.VLLM]
+    assert vllm.status == FAIL and "undefined symbol" in vllm.reason
+    assert "this environment has torch 2.13.0+cu128: install the vLLM 0.32.0 wheel built for this torch's CUDA" in vllm.reason
+    assert by_name(environment_checks(node(), cuda_plan(), LLAMA_8B, "0.32.0"))[preflight.VLLM].status == PASS
     assert by_name(environment_checks(node(driver=None), cuda_plan(), LLAMA_8B))[preflight.DRIVER].status == FAIL
 
 

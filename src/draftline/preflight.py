@@ -66,6 +66,7 @@ DRIVER = "CUDA driver"
 GPUS, CORES = "GPUs visible", "CPU cores"
 GPU_MEMORY, HOST_MEMORY = "GPU memory", "host memory"
 TARGET = "target readable"
+VLLM = "vLLM imports"
 LOAD = "target loads in vLLM"
 REGENERATION = "regeneration"
 REFERENCE = "greedy decoding"
@@ -389,9 +390,32 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
     ), **details)  # fmt: skip
 
 
-def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | BaseException) -> list[Check]:
+def import_vllm(device: str) -> str:
+    """vLLM's version once it imported with its compiled ops (on CUDA `vllm._C`, which fails when
+    the wheel was built against another torch build than the one installed); raises otherwise."""
+    import vllm
+    from vllm import LLM  # noqa: F401 - the engine class every stage builds
+
+    if device == "cuda":
+        import vllm._C  # noqa: F401
+    return vllm.__version__
+
+
+def _vllm_check(vllm: str | BaseException, node: Node, env: EnvironmentPlan) -> Check:
+    if isinstance(vllm, str):
+        return passed(VLLM, f"vLLM {vllm}" + (" with its CUDA kernels (vllm._C)" if env.device == "cuda" else ""))
+    return failed(VLLM, (
+        f"{_one_line(vllm, 400)}: a vLLM wheel runs with the torch build it was compiled against; this "
+        f"environment has torch {node.torch_version}: install the vLLM {env.versions.get('vllm', '')} wheel built for "
+        "this torch's CUDA, or rebuild the environment from requirements/ (docs/cluster.md, 'CUDA 12 drivers')"
+    ))  # fmt: skip
+
+
+def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | BaseException,
+                       vllm: str | BaseException | None = None) -> list[Check]:  # fmt: skip
     """The environment part's checks, from what the job saw (`node`), what the run planned
-    (`env`) and the target folder (its facts, or the error reading it)."""
+    (`env`), the target folder (its facts, or the error reading it) and vLLM's import (its
+    version, or the error; None: not tried)."""
     facts = target if isinstance(target, TargetFacts) else None
     if facts is not None:
         target_check = passed(TARGET, (
@@ -404,7 +428,7 @@ def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | B
     else:
         target_check = failed(TARGET, _one_line(target))
     driver = _driver_check(node, env)
-    return [
+    checks = [
         _torch_check(node, env, driver),
         _versions_check(env),
         driver,
@@ -412,20 +436,33 @@ def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | B
         _memory_check(node, env, facts),
         target_check,
     ]
+    return checks if vllm is None else [*checks[:3], _vllm_check(vllm, node, env), *checks[3:]]
+
+
+def _tried(step: Callable, what: str):
+    """`step()`, or the exception it raised (logged with its traceback): an input to the checks."""
+    try:
+        return step()
+    except Exception as error:  # noqa: BLE001 - reported as a check's reason
+        log.error("%s failed:\n%s", what, traceback.format_exc())
+        return error
 
 
 def run_environment(target_dir: str | Path, out_dir: str | Path, env: EnvironmentPlan, *, claim_error: str | None = None,
                     trust_remote_code: bool = False) -> dict:  # fmt: skip
-    """The environment part: probe this node, read the target, write the checks."""
+    """The environment part: probe this node, import vLLM, read the target, write the checks."""
     started = time.monotonic()
-    node = probe(claim_error)
+    node = _tried(lambda: probe(claim_error), "probing the node (torch, CUDA)")
+    if isinstance(node, BaseException):  # torch itself does not import or start: nothing else can run
+        checks = [failed(TORCH, f"{_one_line(node)}: rebuild the environment (DRAFTLINE_ENV=gpu ./draftline true, "
+                                "docs/cluster.md)")]  # fmt: skip
+        devices, memory = (GPUS, GPU_MEMORY) if env.device == "cuda" else (CORES, HOST_MEMORY)
+        checks += _skip_all([VERSIONS, DRIVER, VLLM, devices, memory, TARGET], f"'{TORCH}' failed")
+        return write_part(out_dir, "environment", checks)
     log.info("node: %s", node)
-    try:
-        target: TargetFacts | BaseException = read_target(target_dir, trust_remote_code)
-    except Exception as error:  # noqa: BLE001 - reported as the check's reason
-        log.error("reading the target failed:\n%s", traceback.format_exc())
-        target = error
-    checks = environment_checks(node, env, target)
+    vllm = _tried(lambda: import_vllm(env.device), "importing vLLM")
+    target = _tried(lambda: read_target(target_dir, trust_remote_code), "reading the target")
+    checks = environment_checks(node, env, target, vllm)
     for c in checks:
         log.info("%s: %s: %s", c.name, c.status, c.reason)
     return write_part(out_dir, "environment", checks, {"environment_seconds": round(time.monotonic() - started, 1)})
