@@ -111,6 +111,15 @@ def test_a_cuda_12_driver_under_the_cuda_13_torch_fails_saying_what_to_install(n
     assert by_name(environment_checks(node(driver=None), cuda_plan(), LLAMA_8B))[preflight.DRIVER].status == FAIL
 
 
+def test_the_driver_versions_read_as_the_nodes_write_them():
+    # an H200 node's (benchmarks/cuda/results/h200_preflight_probe.md) and a proprietary module's line
+    assert preflight.module_version(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)") == "580.159.04"
+    assert preflight.module_version(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024") == "550.54.15"
+    assert preflight.cuda_version(13000) == "13.0" and preflight.cuda_version(12040) == "12.4"
+
+
 def test_busy_or_too_small_gpus_fail_the_memory_check(node):
     busy = node(gpus=((20 * GB, 80 * GB),))
     memory = by_name(environment_checks(busy, cuda_plan(), LLAMA_8B))[preflight.GPU_MEMORY]

@@ -148,20 +148,32 @@ class Node:
     claim_error: str | None = None  # devices.claim_gpus refused the job's GPUs
 
 
+def cuda_version(value: int) -> str:
+    """cuDriverGetVersion's number as a version: 12040 -> "12.4"."""
+    return f"{value // 1000}.{value % 1000 // 10}"
+
+
+def module_version(text: str) -> str | None:
+    """The driver's version in /proc/driver/nvidia/version ("... Kernel Module  550.54.15 ...",
+    the open modules "... Open Kernel Module for x86_64  580.159.04 ...")."""
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    return found[1] if found else None
+
+
 def driver_versions() -> tuple[str | None, str | None]:
     """(the CUDA version the NVIDIA driver supports, the driver's version) without starting
-    CUDA: libcuda's cuDriverGetVersion and the kernel module's version, else nvidia-smi's header."""
+    CUDA: libcuda's cuDriverGetVersion and the kernel module's version, else nvidia-smi's header
+    (the same answers on an H200 node: benchmarks/cuda/results/h200_preflight_probe.md)."""
     cuda = driver = None
     try:
         value = ctypes.c_int()
         if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(value)) == 0 and value.value:
-            cuda = f"{value.value // 1000}.{value.value % 1000 // 10}"
+            cuda = cuda_version(value.value)
     except (OSError, AttributeError):
         pass
     module = Path("/proc/driver/nvidia/version")
     if module.is_file():
-        found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", module.read_text())
-        driver = found[1] if found else None
+        driver = module_version(module.read_text())
     if (cuda is None or driver is None) and shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
