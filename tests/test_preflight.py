@@ -7,6 +7,7 @@ real vLLM regeneration, extraction and speculative decoding with an untrained dr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -245,3 +246,21 @@ def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
     dry = snakemake(tmp_path, "-n")
     sized = re.search(r"draftline: sizing for .*", dry.stderr)
     assert sized and "measured by this run's preflight (results/preflight/report.json" in sized[0], dry.stderr[-3000:]
+
+    # a failed check (here written into the last part's record) fails the target after the report,
+    # and the next `preflight` reruns that part (and what reads it) only
+    part = pf / "speculative"
+    record = report_file.read_part(part)
+    record["checks"][-1] = report_file.failed(preflight.LOSSLESS, "outputs differ at token 7: check the vLLM version")
+    report_file.write_part(part, "speculative", record["checks"], record["measured"])
+    os.utime(part / ".snakemake_timestamp")  # Snakemake dates a folder output by this file: as a rerun leaves it
+    again = snakemake(tmp_path, "--cores", "1", "preflight", check=False)
+    assert again.returncode != 0
+    assert "draftline: 1 preflight check(s) failed (details in results/preflight/report.md): speculative decoding " \
+        "is lossless: outputs differ at token 7" in again.stderr
+    assert "| speculative | speculative decoding is lossless | **FAIL** | outputs differ at token 7" in \
+        (pf / "report.md").read_text()
+    assert json.loads((pf / "report.json").read_text())["ok"] is False and not part.exists()
+    from workflow import planned_jobs
+
+    assert planned_jobs(tmp_path, "preflight") == {"preflight_speculative": 1, "preflight_report": 1, "preflight": 1}
