@@ -38,6 +38,8 @@ rule preflight_environment:
         directory("results/preflight/environment"),
     log:
         "logs/preflight/environment.log",
+    benchmark:
+        "results/preflight/benchmarks/environment.tsv"
     conda:
         "../envs/gpu.yaml"
     # the node and GPUs a vLLM job gets (rules/common.smk VLLM_RANKS)
@@ -60,6 +62,8 @@ rule preflight_regenerate:
         directory("results/preflight/regenerate"),
     log:
         "logs/preflight/regenerate.log",
+    benchmark:
+        "results/preflight/benchmarks/regenerate.tsv"
     conda:
         "../envs/gpu.yaml"
     threads: VLLM_RANKS
@@ -85,6 +89,8 @@ rule preflight_hidden_states:
         directory("results/preflight/hidden_states"),
     log:
         "logs/preflight/hidden_states.log",
+    benchmark:
+        "results/preflight/benchmarks/hidden_states.tsv"
     conda:
         "../envs/gpu.yaml"
     threads: VLLM_RANKS
@@ -111,6 +117,8 @@ rule preflight_speculative:
         directory("results/preflight/speculative"),
     log:
         "logs/preflight/speculative.log",
+    benchmark:
+        "results/preflight/benchmarks/speculative.tsv"
     conda:
         "../envs/gpu.yaml"
     threads: VLLM_RANKS
