@@ -1,6 +1,7 @@
 # draftline: train an EAGLE-3 draft model ("speculator") for a target LLM.
 #
 #   ./draftline snakemake --cores all results/checkpoint/final
+#   ./draftline snakemake --cores all preflight     # first: the environment and engines on a few prompts
 #
 # Stages, one rules file each, in the order data flows through them.
 
@@ -27,6 +28,7 @@ include: "rules/evaluate.smk"
 include: "rules/report.smk"
 include: "rules/lineage.smk"
 include: "rules/summary.smk"
+include: "rules/preflight.smk"
 
 
 rule all:

@@ -17,11 +17,11 @@ from pathlib import Path
 import pandas as pd
 
 
-def stage_times(workdir: Path) -> pd.DataFrame:
+def stage_times(workdir: Path, folder: str = "results/benchmarks") -> pd.DataFrame:
     rows = []
-    for tsv in sorted((workdir / "results" / "benchmarks").rglob("*.tsv")):
+    for tsv in sorted((workdir / folder).rglob("*.tsv")):
         table = pd.read_csv(tsv, sep="\t")
-        job = str(tsv.relative_to(workdir / "results" / "benchmarks").with_suffix(""))
+        job = str(tsv.relative_to(workdir / folder).with_suffix(""))
         end = tsv.stat().st_mtime
         seconds = float(table["s"].iloc[-1])
         rows.append({"job": job, "seconds": seconds, "max_rss_mb": float(table["max_rss"].iloc[-1]),

@@ -180,7 +180,9 @@ VLLM_RANKS = config["target"]["tensor_parallel_size"] * config["target"]["pipeli
 ONE_NODE = 1
 
 
-for _step in ("regenerate_shard", "hidden_states_shard", "evaluate"):
+VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate", "preflight_environment", "preflight_regenerate",
+              "preflight_hidden_states", "preflight_speculative")  # fmt: skip
+for _step in VLLM_RULES:
     if _set_gpus(_step) not in (None, VLLM_RANKS):
         raise WorkflowError(
             f"the profile (or --set-resources) gives rule {_step} gpu={_set_gpus(_step)}, but vLLM splits "
@@ -421,14 +423,27 @@ def _hidden_state_disk_use():
 _hidden_state_disk_use()
 
 
+# What a preflight's rates were measured under (results/preflight/report.json records it): the
+# sizing takes them in place of its assumed rates for this same plan only.
+PREFLIGHT_PLAN = dict(
+    target=TARGET_IDENTITY,
+    engine=RESOLVED["engine"],
+    parallel=vllm_parallel(),
+    versions=versions("vllm", "torch", "transformers"),
+)
+
+
 def _sizing():
     """Before the first job: GPU-hours per stage and hidden-state bytes for this config, from the
-    prompt count and the configured lengths (draftline.sizing, docs/sizing.md)."""
+    prompt count and the configured lengths (draftline.sizing, docs/sizing.md), with the rates
+    the preflight measured for this plan where it ran (results/preflight/report.json)."""
+    from draftline.artifacts.preflight import REPORT, measured_rates
     from draftline.sizing import for_config
 
     if workflow.remote_exec or Path("results/checkpoint/final").exists():
         return
-    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows())
+    measured = measured_rates(REPORT, PREFLIGHT_PLAN)
+    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows(), measured)
     print(f"draftline: {text}", file=sys.stderr)
 
 

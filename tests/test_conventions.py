@@ -42,13 +42,20 @@ def test_lint_is_clean(test_dir):
     assert result.returncode == 0 and "Lints for" not in text, text[-6000:]
 
 
-def test_dot_test_config_plans_every_stage(test_dir):
-    result = run_in(test_dir, "-n")
+def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-6000:]
+    return {line.split()[0] for line in text.splitlines() if re.match(r"^\w+\s+\d+$", line)} - {"total"}
+
+
+def test_dot_test_config_plans_every_stage(test_dir):
+    """`all` plans every rule but the preflight's; `preflight` plans those and the steps they read."""
     rules = {name.split(":")[1] for name in rule_directives()}
-    planned = {line.split()[0] for line in text.splitlines() if re.match(r"^\w+\s+\d+$", line)} - {"total"}
-    assert planned == rules | {"all"}, sorted(rules ^ planned)  # target_model included: embedded
+    preflight = {r for r in rules if r.startswith("preflight")}
+    planned = planned_rules(run_in(test_dir, "-n"))
+    assert planned == rules - preflight | {"all"}, sorted(rules ^ planned)  # target_model included: embedded
+    before = {"target_model", "prompts", "layer_ids", "speculator_config"}
+    assert planned_rules(run_in(test_dir, "-n", "preflight")) == preflight | before
 
 
 def rule_directives() -> dict[str, list[str]]:

@@ -74,6 +74,14 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert jobs.count("hidden_states_shard") == config["hidden_states"]["shards"]
     assert "summary" in jobs  # results/summary.md is part of the default target
 
+    # `preflight` runs its engines on the nodes the vLLM jobs get: the same GPUs and memory
+    preflight = _resources(snakemake(tmp_path, "-n", "--workflow-profile", str(REPO / "profiles" / profile),
+                                     "preflight").stdout)  # fmt: skip
+    for rule in ("preflight_environment", "preflight_regenerate", "preflight_hidden_states", "preflight_speculative"):
+        assert preflight[rule]["gpu"] == str(vllm_gpus), rule
+        assert preflight[rule]["mem_mb"] == resources["regenerate_shard"]["mem_mb"], rule
+        assert preflight[rule]["cpus_per_gpu"] == resources["regenerate_shard"]["cpus_per_gpu"], rule
+
 
 def test_sizing_table_matches_the_measured_8b_rates():
     """The estimate reproduces the H200 measurements it is built on for the 8B shape (extraction

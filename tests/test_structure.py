@@ -24,6 +24,9 @@ STAGES = {
 }  # fmt: skip
 # What stages share: the files between them, the seams, and the runtime helpers.
 SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing")
+# Checks that run several stages' own code on a few rows before a run (`preflight`): they import
+# stages (so a fix in one reruns them), and nothing imports them.
+DRIVERS = {"preflight"}
 
 
 def _modules() -> dict[str, Path]:
@@ -59,7 +62,14 @@ def test_the_stage_list_names_every_module_outside_the_shared_layers():
               "draftline.provenance", "draftline.sources", "draftline.sizing", "draftline.cluster",
               "draftline.target_hashes", "draftline.fidelity"}  # fmt: skip
     outside = {m for m in MODULES if m not in shared and m.split(".")[1] not in SHARED_PACKAGES}
-    assert outside == {f"draftline.{s}" for s in STAGES}, "a new module: add it to STAGES or the shared layers"
+    assert outside == {f"draftline.{s}" for s in {*STAGES, *DRIVERS}}, \
+        "a new module: add it to STAGES, DRIVERS or the shared layers"
+
+
+def test_no_module_imports_a_driver():
+    drivers = {f"draftline.{d}" for d in DRIVERS}
+    for name in MODULES:
+        assert not GRAPH[name] & drivers, f"{name} imports {GRAPH[name] & drivers}"
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))

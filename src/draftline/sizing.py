@@ -18,6 +18,9 @@ Rates come from measurements where there are some and are scaled by FLOPs per to
 - CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
   regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
   the CPU scaled by FLOPs per token the same way.
+- measured by this run's preflight (results/preflight/report.json, draftline.preflight) for the
+  same plan: its regeneration and extraction rates and engine start-up seconds replace the ones
+  above (`measured`), on the target and GPUs the run will use.
 """
 
 from __future__ import annotations
@@ -132,9 +135,11 @@ class Plan:
     hidden_state_shards: int = 1
 
 
-def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
+def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None) -> dict:
     """GPU-hours (CPU core-hours on cpu) per stage, wall hours with the configured jobs, and
-    hidden-state bytes; `basis` says which rates are measured and which scaled."""
+    hidden-state bytes; `basis` says which rates are measured and which scaled. `measured` (a
+    preflight report's rates, `artifacts.preflight.measured_rates`) replaces the regeneration and
+    extraction rates and the vLLM jobs' start-up with what the preflight measured."""
     tokens = plan.conversations * plan.max_seq_len
     generated = plan.conversations * plan.max_new_tokens if plan.regenerate else 0
     if device == "cuda":
@@ -148,6 +153,14 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
         extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
         train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+    start_regeneration = start_extraction = load_s
+    if measured:
+        # a job's rate over its GPUs, per GPU (the work below is in one-device seconds)
+        per_gpu = measured.get("gpus_per_job") or plan.gpus_per_vllm_job
+        decode = measured.get("regeneration_tokens_per_s", decode * per_gpu) / per_gpu
+        extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
+        start_regeneration = measured.get("regeneration_load_seconds", load_s)
+        start_extraction = measured.get("extraction_load_seconds", load_s)
     vllm = plan.gpus_per_vllm_job
     # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
     # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
@@ -160,7 +173,8 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
     }
     jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
     gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
-    start = {"regeneration": load_s, "extraction": load_s, "training": START_S, "evaluation": 3 * load_s}
+    start = {"regeneration": start_regeneration, "extraction": start_extraction, "training": START_S,
+             "evaluation": 3 * start_regeneration}  # fmt: skip
     if not generated:
         work["regeneration"] = jobs["regeneration"] = 0
     device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] for k in work}
@@ -177,13 +191,35 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda") -> dict:
         "hidden_state_bytes": tokens * bytes_per_token,
         "bytes_per_token": bytes_per_token,
         "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
-        "basis": (
+        "basis": _basis(device, measured),
+    }
+
+
+def _basis(device: str, measured: dict | None) -> str:
+    if not measured:
+        return (
             "H200: extraction and training measured on the 8B shape, scaled by FLOPs per token; "
             "regeneration and evaluation assumed (0.3 of the matmul rate, not measured)"
             if device == "cuda" else
             "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token"
-        ),  # fmt: skip
-    }
+        )  # fmt: skip
+    figures = []
+    if "regeneration_tokens_per_s" in measured:
+        figures.append(f"regeneration {measured['regeneration_tokens_per_s']:,.0f} tok/s "
+                       f"({measured.get('prompts')} prompts at once: a run batches more, so this bounds it from below)")  # fmt: skip
+    if "extraction_tokens_per_s" in measured:
+        figures.append(f"extraction {measured['extraction_tokens_per_s']:,.0f} tok/s ({measured.get('rows')} rows)")
+    loads = [measured[k] for k in ("regeneration_load_seconds", "extraction_load_seconds") if k in measured]
+    if loads:
+        figures.append(f"start-up {max(loads):.0f} s per vLLM job")
+    gpus = measured.get("gpus_per_job") or 1
+    training = ("training measured on the 8B shape (H200), scaled by draft size" if device == "cuda" else
+                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")  # fmt: skip
+    rest = [s for s in ("regeneration", "extraction") if f"{s}_tokens_per_s" not in measured]
+    assumed = f"; {' and '.join(rest)} as without it" if rest else ""
+    jobs = f", jobs of {gpus} GPU(s)" if device == "cuda" else ""
+    return (f"measured by this run's preflight ({measured.get('source', 'results/preflight/report.json')}{jobs}): "
+            f"{', '.join(figures)}{assumed}; {training}")  # fmt: skip
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -237,10 +273,13 @@ def planned_training_rows(config: dict, prompts_summary: str | Path | None = Non
 
 
 def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int,
-               planned: tuple[int | None, str | None]) -> str:  # fmt: skip
+               planned: tuple[int | None, str | None],
+               measured: tuple[dict | None, str] = (None, "no preflight report")) -> str:  # fmt: skip
     """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
     it waits for: the target's config.json (a hub model still to download) or the count of
-    training conversations (a source that cannot be counted cheaply, without prompts.max_samples)."""
+    training conversations (a source that cannot be counted cheaply, without prompts.max_samples).
+    `measured` is `artifacts.preflight.measured_rates`' answer: the preflight's rates (and where
+    from), or None and why there are none; the line says which rates it used."""
     config_json = Path(target_dir) / "config.json"
     if config_json.is_file():
         shape = shape_of(config_json)
@@ -255,7 +294,13 @@ def for_config(config: dict, target_kind: str, target_dir: str | Path, device: s
     if not conversations:
         return "no sizing estimate: no training conversations are left after the held-out prompts"
     plan = plan_from_config(config, conversations, train_gpus, device)
-    return describe(estimate(shape, plan, device))
+    rates, source = measured
+    if rates is not None:
+        rates = {**rates, "source": source}
+    text = describe(estimate(shape, plan, device, rates))
+    if rates is None:
+        text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
+    return text
 
 
 def _hours(h: float) -> str:

@@ -1,0 +1,29 @@
+"""Preflight, hidden-state part: the regenerated rows through the extraction stage, then the
+fidelity check (see draftline.preflight)."""
+
+from draftline.devices import claim_gpus
+from draftline.engine import EngineSettings
+from draftline.logs import log_to
+from draftline.preflight import run_hidden_states
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    log_to(snakemake.log[0])
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    p = snakemake.params
+    run_hidden_states(
+        str(p.target_dir),
+        snakemake.input.regenerate,
+        snakemake.input.layer_ids,
+        snakemake.output[0],
+        EngineSettings(
+            dtype=p.planned["dtype"],
+            enforce_eager=p.planned["enforce_eager"],
+            trust_remote_code=p.trust_remote_code,
+            threads=snakemake.threads,
+            **p.parallel,  # target.tensor/pipeline_parallel_size (as hidden_states_shard: none for transformers)
+        ),
+        backend=p.backend,
+        format=p.format,
+        fidelity_min_top1=p.fidelity_min_top1,
+        log_hint=snakemake.log[0],
+    )

@@ -1,0 +1,53 @@
+"""Preflight, regeneration part: the target in vLLM, a few prompts answered, decoded and tokenized
+by the stages' own code (see draftline.preflight)."""
+
+from draftline.devices import claim_gpus
+from draftline.evaluate import EvaluateSettings
+from draftline.logs import log_to
+from draftline.preflight import PreflightSettings, run_regenerate
+from draftline.regenerate import RegenerateSettings
+from draftline.tokenization import TokenizeSettings
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    log_to(snakemake.log[0])
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    p = snakemake.params
+    engine = dict(
+        max_model_len=p.max_model_len,
+        dtype=p.planned["dtype"],
+        enforce_eager=p.planned["enforce_eager"],
+        trust_remote_code=p.trust_remote_code,
+        threads=snakemake.threads,
+        **p.parallel,  # target.tensor/pipeline_parallel_size
+    )
+    template = dict(chat_template=p.chat_template, chat_template_kwargs=p.chat_template_kwargs)
+    run_regenerate(
+        str(p.target_dir),
+        snakemake.input.prompts,
+        snakemake.input.environment,
+        snakemake.output[0],
+        RegenerateSettings(
+            max_new_tokens=p.regenerate["max_new_tokens"],
+            temperature=p.regenerate["temperature"],
+            top_p=p.regenerate["top_p"],
+            seed=p.regenerate["seed"],
+            **template,
+            **engine,
+        ),
+        EvaluateSettings(
+            num_speculative_tokens=p.evaluate["num_speculative_tokens"],
+            max_new_tokens=p.evaluate["max_new_tokens"],
+            seed=p.evaluate["seed"],
+            **template,
+            **engine,
+        ),
+        TokenizeSettings(
+            max_seq_len=p.max_model_len,
+            min_trainable_tokens=p.min_trainable_tokens,
+            trust_remote_code=p.trust_remote_code,
+            **template,
+        ),
+        PreflightSettings(**p.preflight),
+        regenerate_enabled=p.regenerate["enabled"],
+        log_hint=snakemake.log[0],
+    )

@@ -1,0 +1,34 @@
+"""Preflight, speculative part: an untrained draft of the run's config in vLLM's speculative
+decoding, lossless against the target's greedy outputs (see draftline.preflight)."""
+
+from draftline.devices import claim_gpus
+from draftline.evaluate import EvaluateSettings
+from draftline.logs import log_to
+from draftline.preflight import run_speculative
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    log_to(snakemake.log[0])
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    p = snakemake.params
+    run_speculative(
+        str(p.target_dir),
+        snakemake.input.regenerate,
+        snakemake.input.config,
+        snakemake.output[0],
+        EvaluateSettings(
+            num_speculative_tokens=p.evaluate["num_speculative_tokens"],
+            max_new_tokens=p.evaluate["max_new_tokens"],
+            seed=p.evaluate["seed"],
+            max_model_len=p.max_model_len,
+            dtype=p.planned["dtype"],
+            enforce_eager=p.planned["enforce_eager"],
+            chat_template=p.chat_template,
+            chat_template_kwargs=p.chat_template_kwargs,
+            trust_remote_code=p.trust_remote_code,
+            threads=snakemake.threads,
+            **p.parallel,  # target.tensor/pipeline_parallel_size
+        ),
+        draft_vocab_size=p.draft_vocab_size,
+        trust_remote_code=p.trust_remote_code,
+        log_hint=snakemake.log[0],
+    )

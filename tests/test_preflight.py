@@ -1,0 +1,266 @@
+"""`snakemake ... preflight` (draftline.preflight): the environment checks on fake nodes (a CPU
+torch planned for cuda, too few GPUs, a CUDA 12 driver under a CUDA 13 torch, busy GPUs, a
+partial download) fail with a reason that names the fix; the report and the verdict; the sizing
+with the preflight's rates; and, on the embedded default (slow), the whole preflight on CPU:
+real vLLM regeneration, extraction and speculative decoding with an untrained draft."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftline import plan, preflight, sizing
+from draftline.artifacts import preflight as report_file
+from draftline.artifacts.preflight import FAIL, NOT_RUN, PASS
+from draftline.preflight import EnvironmentPlan, Node, TargetFacts, environment_checks
+
+GB = 1024**3
+PINS = {"vllm": "0.32.0", "torch": "2.13.0"}
+CUDA_PLAN = {"device": "cuda", "dtype": "bfloat16", "enforce_eager": False}
+# an 8B target's facts (Llama-3.1-8B: 8.03B parameters in bf16 safetensors)
+LLAMA_8B = TargetFacts("/hf/llama-8b", 4096, 32, 4, 8_030_261_248, 0, True)
+
+
+@pytest.fixture
+def node(monkeypatch):
+    """A fake node: what plan.check_job_environment reads (the torch build, Slurm's GPUs) and the
+    installed versions, set like tests/test_environment.py's; returns a Node builder."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(plan, "machine_has_nvidia_gpu", lambda: False)
+    installed = {"vllm": "0.32.0", "torch": "2.13.0+cu130"}
+    monkeypatch.setattr(plan, "installed_version", lambda dist: installed.get(dist))
+
+    def make(torch="2.13.0+cu130", cuda_available=True, gpus=((79 * GB, 80 * GB),), driver="13.0",
+             visible="0", **more) -> Node:  # fmt: skip
+        monkeypatch.setattr(plan, "torch_build", lambda: (torch, "+cpu" not in torch, cuda_available))
+        installed["torch"] = torch
+        if visible is not None:
+            monkeypatch.setenv("SLURM_JOB_ID", "42")
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        torch_cuda = None if "+cpu" in torch else f"{torch[-3:-1]}.{torch[-1]}"  # +cu130 -> 13.0
+        return Node(torch, torch_cuda, cuda_available, driver_cuda=driver, driver_version="580.65.06",
+                    gpus=tuple(gpus) if cuda_available else (), visible=visible, cores=16, **more)  # fmt: skip
+
+    return make
+
+
+def by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+def cuda_plan(tp=1, pp=1) -> EnvironmentPlan:
+    return EnvironmentPlan(CUDA_PLAN, PINS, "cuda", tp, pp)
+
+
+def test_a_matching_gpu_node_passes_every_environment_check(node):
+    checks = by_name(environment_checks(node(), cuda_plan(), LLAMA_8B))
+    assert {c.status for c in checks.values()} == {PASS}, {n: c.reason for n, c in checks.items()}
+    assert "16.1 GB per GPU" in checks[preflight.GPU_MEMORY].reason
+    assert checks[preflight.GPUS].reason.startswith("1 GPU(s) (CUDA_VISIBLE_DEVICES=0)")
+
+
+def test_a_cpu_torch_planned_for_cuda_fails_naming_the_gpu_environment(node):
+    checks = by_name(environment_checks(node(torch="2.13.0+cpu", cuda_available=False), cuda_plan(), LLAMA_8B))
+    torch = checks[preflight.TORCH]
+    assert torch.status == FAIL
+    assert "torch 2.13.0+cpu is a CPU build" in torch.reason and "DRAFTLINE_ENV=gpu ./draftline true" in torch.reason
+    assert checks[preflight.DRIVER].status == NOT_RUN and "CPU build" in checks[preflight.DRIVER].reason
+    assert checks[preflight.GPUS].status == FAIL  # a CPU torch sees no GPU
+
+
+def test_too_few_gpus_visible_fails_naming_the_split_and_what_to_ask_for(node):
+    checks = by_name(environment_checks(node(visible="0"), cuda_plan(tp=2), LLAMA_8B))
+    gpus = checks[preflight.GPUS]
+    assert gpus.status == FAIL
+    assert "sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=0)" in gpus.reason
+    assert "target.tensor_parallel_size x pipeline_parallel_size = 2 x 1 needs 2" in gpus.reason
+    assert "gpu=2" in gpus.reason
+    # a local job that could not claim its GPUs says why
+    refused = node(visible=None, claim_error="the job asks for 2 GPUs but only 1 are visible (0)")
+    assert "only 1 are visible" in by_name(environment_checks(refused, cuda_plan(tp=2), LLAMA_8B))[preflight.GPUS].reason
+
+
+def test_a_cuda_12_driver_under_the_cuda_13_torch_fails_saying_what_to_install(node):
+    # torch 2.13.0 from PyPI is the CUDA 13.0 build; on a CUDA 12.4 driver torch sees no GPU
+    checks = by_name(environment_checks(node(driver="12.4", cuda_available=False), cuda_plan(), LLAMA_8B))
+    driver = checks[preflight.DRIVER]
+    assert driver.status == FAIL
+    assert "built for CUDA 13.0 but this node's driver 580.65.06 supports CUDA 12.4" in driver.reason
+    assert "cu128" in driver.reason and "vLLM 0.32.0 wheel built for the same CUDA" in driver.reason
+    assert "docs/cluster.md, 'CUDA 12 drivers'" in driver.reason
+    # the device check's "sees no GPU" points at the driver, the real cause
+    torch = checks[preflight.TORCH]
+    assert torch.status == FAIL and "sees no GPU" in torch.reason and f"see '{preflight.DRIVER}'" in torch.reason
+    # the CUDA 12 builds on that driver pass (minor version compatibility), and no driver at all fails
+    ok = by_name(environment_checks(node(torch="2.13.0+cu128", driver="12.4"), cuda_plan(), LLAMA_8B))
+    assert ok[preflight.DRIVER].status == PASS and "minor version compatibility" in ok[preflight.DRIVER].reason
+    # ... but the vLLM wheel from PyPI (built against the CUDA 13 torch) does not load beside it
+    mismatch = ImportError("vllm/_C.abi3.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev")
+    checks = by_name(environment_checks(node(torch="2.13.0+cu128", driver="12.4"), cuda_plan(), LLAMA_8B, mismatch))
+    vllm = checks[preflight.VLLM]
+    assert vllm.status == FAIL and "undefined symbol" in vllm.reason
+    assert "this environment has torch 2.13.0+cu128: install the vLLM 0.32.0 wheel built for this torch's CUDA" in vllm.reason
+    assert by_name(environment_checks(node(), cuda_plan(), LLAMA_8B, "0.32.0"))[preflight.VLLM].status == PASS
+    assert by_name(environment_checks(node(driver=None), cuda_plan(), LLAMA_8B))[preflight.DRIVER].status == FAIL
+
+
+def test_the_driver_versions_read_as_the_nodes_write_them():
+    # an H200 node's (benchmarks/cuda/results/h200_preflight_probe.md) and a proprietary module's line
+    assert preflight.module_version(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)") == "580.159.04"
+    assert preflight.module_version(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024") == "550.54.15"
+    assert preflight.cuda_version(13000) == "13.0" and preflight.cuda_version(12040) == "12.4"
+
+
+def test_busy_or_too_small_gpus_fail_the_memory_check(node):
+    busy = node(gpus=((20 * GB, 80 * GB),))
+    memory = by_name(environment_checks(busy, cuda_plan(), LLAMA_8B))[preflight.GPU_MEMORY]
+    assert memory.status == FAIL
+    assert "20.0 of 80.0 GiB free" in memory.reason and "another process holds memory" in memory.reason
+    # a 70B in bf16 (141 GB) on one 80 GB GPU: raise tensor parallel; on four it fits
+    llama_70b = TargetFacts("/hf/llama-70b", 8192, 80, 30, 70_553_706_496, 0, True)
+    memory = by_name(environment_checks(node(), cuda_plan(), llama_70b))[preflight.GPU_MEMORY]
+    assert memory.status == FAIL and "raise target.tensor_parallel_size" in memory.reason
+    four = node(gpus=((79 * GB, 80 * GB),) * 4, visible="0,1,2,3")
+    assert by_name(environment_checks(four, cuda_plan(tp=4), llama_70b))[preflight.GPU_MEMORY].status == PASS
+
+
+def test_other_package_versions_fail_the_versions_check(node, monkeypatch):
+    current = node()
+    monkeypatch.setattr(plan, "installed_version", lambda dist: {"vllm": "0.31.1", "torch": "2.13.0+cu130"}[dist])
+    versions = by_name(environment_checks(current, cuda_plan(), LLAMA_8B))[preflight.VERSIONS]
+    assert versions.status == FAIL and "vllm 0.31.1 (pinned 0.32.0)" in versions.reason
+
+
+def test_the_target_check_reads_every_weight_file_to_its_end(tiny_model, tmp_path):
+    facts = preflight.read_target(tiny_model)
+    assert facts.num_hidden_layers == 8 and facts.weight_files == 1 and facts.chat_template
+    partial = shutil.copytree(tiny_model, tmp_path / "partial")
+    weights = partial / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])  # a download cut short
+    with pytest.raises(preflight.TargetUnreadable, match="a partial download or copy; fetch the target again"):
+        preflight.read_target(partial)
+    checks = by_name(environment_checks(Node("2.13.0+cpu", None, False, cores=2, host_available=8 * GB),
+                                        EnvironmentPlan({"device": "cpu", "dtype": "float32"}, {}, "cpu"),
+                                        preflight.TargetUnreadable(f"{weights}: cut")))  # fmt: skip
+    assert checks[preflight.TARGET].status == FAIL and "model.safetensors: cut" in checks[preflight.TARGET].reason
+    assert checks[preflight.DRIVER].status == NOT_RUN  # planned for cpu
+
+
+# ------------------------------------------------------------------ the report and the verdict
+
+
+def write_parts(root: Path, failing: str | None = None) -> dict[str, Path]:
+    parts = {}
+    for name in ("environment", "regenerate", "hidden_states", "speculative"):
+        folder = parts[name] = root / name
+        folder.mkdir(parents=True)
+        check = (report_file.failed(f"{name} check", "broken: fix X") if name == failing
+                 else report_file.passed(f"{name} check", "fine"))  # fmt: skip
+        measured = {"regeneration_tokens_per_s": 400.0, "regeneration_load_seconds": 40.0, "prompts": 4,
+                    "gpus_per_job": 1} if name == "regenerate" else {}  # fmt: skip
+        report_file.write_part(folder, name, [check], measured)
+    return parts
+
+
+def test_a_failed_check_fails_the_verdict_and_its_part_reruns(tmp_path):
+    parts = write_parts(tmp_path, failing="hidden_states")
+    report = report_file.assemble(parts, {"target": "t"})
+    assert report["ok"] is False and report["failed"] == ["hidden_states check"]
+    report_file.write_report(report, tmp_path / "report.json", tmp_path / "report.md")
+    md = (tmp_path / "report.md").read_text()
+    assert "| hidden_states | hidden_states check | **FAIL** | broken: fix X |" in md
+    with pytest.raises(preflight.PreflightFailed, match=r"1 preflight check\(s\) failed .*hidden_states check: broken: fix X"):
+        preflight.verdict(report, parts, tmp_path / "report.md")
+    assert not parts["hidden_states"].exists() and parts["environment"].exists()  # the failed part reruns
+    preflight.verdict(report_file.assemble(write_parts(tmp_path / "ok"), {}), {}, "report.md")  # passes
+
+
+def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
+    from snakemake.utils import validate
+
+    config = {"prompts": {"sources": ["x.jsonl"], "max_samples": 1000}, "regenerate": {"max_new_tokens": 512}}
+    validate(config, str(Path(__file__).resolve().parents[1] / "config/schema/config.schema.yaml"), set_default=True)
+    parts = write_parts(tmp_path)
+    plan_made = {"target": {"sha": "abc"}, "engine": CUDA_PLAN}
+    report_file.write_report(report_file.assemble(parts, plan_made), tmp_path / "report.json", tmp_path / "report.md")
+
+    def line(plan_now):
+        measured = report_file.measured_rates(tmp_path / "report.json", plan_now)
+        return sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None), measured)
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}))  # fmt: skip
+    assumed = sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None))
+    assert "no preflight rates (no preflight report)" in assumed
+    measured = line(plan_made)
+    assert "measured by this run's preflight" in measured and "regeneration 400 tok/s (4 prompts at once" in measured
+    # 1000 x 512 tokens at 400 tok/s = 21 min of regeneration, plus 40 s of start-up
+    assert "regeneration 22 min" in measured and "regeneration 22 min" not in assumed, (measured, assumed)
+    other = line({**plan_made, "engine": {**CUDA_PLAN, "dtype": "float16"}})
+    assert "was measured for another target, device, dtype" in other
+    assert other.split("; no preflight rates")[0] == assumed.split("; no preflight rates")[0]
+
+
+# ------------------------------------------------------------------ the whole preflight on CPU (slow)
+
+
+@pytest.mark.slow
+def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
+    """The user's first command on the embedded default: every check passes on CPU (the hidden-state
+    fidelity check included, with its figure), the report and each engine's outputs are there, and
+    the next plan's sizing says it uses the preflight's rates."""
+    from workflow import REPO, snakemake, write_config
+
+    shutil.copytree(REPO / "resources" / "prompts", tmp_path / "resources" / "prompts")
+    write_config(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    started = time.monotonic()
+    run = snakemake(tmp_path, "--cores", "2", "preflight", timeout=1800)
+    print(f"preflight on the embedded default: {time.monotonic() - started:.0f} s")
+    report = json.loads((tmp_path / "results/preflight/report.json").read_text())
+    statuses = {c["name"]: (c["status"], c["reason"]) for c in report["checks"]}
+    print(json.dumps(report["measured"], indent=1))
+    fidelity = next(c for c in report["checks"] if c["name"] == preflight.FIDELITY)
+    assert fidelity["status"] == PASS and fidelity["details"]["top1_assistant"] >= 0.8, fidelity  # greedy answers: near 1
+    assert statuses.pop(preflight.DRIVER)[0] == NOT_RUN  # planned for cpu
+    assert {s for s, _ in statuses.values()} == {PASS}, statuses
+    assert report["ok"] is True and "All checks passed" in (tmp_path / "results/preflight/report.md").read_text()
+    assert "All checks passed" in run.stderr
+    # each engine's outputs, as the stages write them
+    pf = tmp_path / "results/preflight"
+    assert len((pf / "regenerate/conversations.jsonl").read_text().splitlines()) == 4
+    assert (pf / "hidden_states/shard/hs_0.safetensors").is_file()
+    assert (pf / "speculative/untrained_draft/model.safetensors").is_file()
+    for key in ("regeneration_tokens_per_s", "extraction_tokens_per_s", "regeneration_load_seconds"):
+        assert report["measured"][key] > 0, key
+    # the plan of the run now sizes it with the preflight's rates
+    dry = snakemake(tmp_path, "-n")
+    sized = re.search(r"draftline: sizing for .*", dry.stderr)
+    assert sized and "measured by this run's preflight (results/preflight/report.json" in sized[0], dry.stderr[-3000:]
+
+    # a failed check (here written into the last part's record) fails the target after the report,
+    # and the next `preflight` reruns that part (and what reads it) only
+    part = pf / "speculative"
+    record = report_file.read_part(part)
+    record["checks"][-1] = report_file.failed(preflight.LOSSLESS, "outputs differ at token 7: check the vLLM version")
+    report_file.write_part(part, "speculative", record["checks"], record["measured"])
+    os.utime(part / ".snakemake_timestamp")  # Snakemake dates a folder output by this file: as a rerun leaves it
+    again = snakemake(tmp_path, "--cores", "1", "preflight", check=False)
+    assert again.returncode != 0
+    assert "draftline: 1 preflight check(s) failed (details in results/preflight/report.md): speculative decoding " \
+        "is lossless: outputs differ at token 7" in again.stderr
+    assert "| speculative | speculative decoding is lossless | **FAIL** | outputs differ at token 7" in \
+        (pf / "report.md").read_text()
+    assert json.loads((pf / "report.json").read_text())["ok"] is False and not part.exists()
+    from workflow import planned_jobs
+
+    assert planned_jobs(tmp_path, "preflight") == {"preflight_speculative": 1, "preflight_report": 1, "preflight": 1}
