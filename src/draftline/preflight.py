@@ -46,6 +46,7 @@ from draftline import plan
 from draftline.artifacts import conversations as conversation_file
 from draftline.artifacts.preflight import Check, failed, not_run, part_failures, passed, read_part, write_part
 from draftline.config_schema import default
+from draftline.fidelity import FidelitySettings
 
 log = logging.getLogger(__name__)
 
@@ -636,6 +637,7 @@ def run_hidden_states(
         manifest = result["manifest"] = hidden_states.extract_shard(
             dataset, target_dir, layer_ids_path, 0, 1, shard, engine, backend=backend, format=format,
             staging_root=out / ".staging",
+            fidelity=FidelitySettings(rows=0),  # checked once, below, as its own check with the run's bar
         )  # fmt: skip
         measured["extraction_load_seconds"] = manifest["load_seconds"]
         rate = measured["extraction_tokens_per_s"] = manifest["tokens_per_s"]
