@@ -337,7 +337,7 @@ def _sizing():
 
     if workflow.remote_exec or Path("results/checkpoint/final").exists():
         return
-    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows())
+    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows(), TARGET.name)
     print(f"draftline: {text}", file=sys.stderr)
 
 
