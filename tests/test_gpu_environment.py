@@ -1,10 +1,11 @@
 """The GPU environment, built for real on a machine without a GPU, as a cluster's login node
-builds it (`DRAFTLINE_ENV=gpu ./draftline ...`, docs/cluster.md): the lock installs, its CUDA
-builds import, and both cluster recipes plan for cuda inside it with their Slurm profiles
-against the real targets' config.json (tests/data/targets/) in an offline Hugging Face cache.
+builds it (`DRAFTLINE_ENV=gpu ./draftline ...`, docs/cluster.md), over a CPU environment in the
+same folder: the lock installs, its CUDA builds import, and both cluster recipes plan for cuda
+inside it with their Slurm profiles against the real targets' config.json (tests/data/targets/)
+in an offline Hugging Face cache.
 
-About 8.4 GB of disk, downloaded into a uv cache of its own (the venv and that cache are removed
-at the end); the wall time CI pays for it is in benchmarks/results/installers.md. Marked
+About 12 GB of disk at its peak (both lists), downloaded into a uv cache of its own (the venv and
+that cache are removed at the end); the wall time CI pays for it is in benchmarks/results/installers.md. Marked
 `gpu_env`: `-m "not gpu_env"` leaves it out.
 """
 
@@ -112,7 +113,14 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
                HF_HOME=str(offline_hub_cache(tmp_path / "hf")), HF_HUB_OFFLINE="1")  # fmt: skip
     draftline = str(REPO / "draftline")
     try:
-        # 1. built from nothing by ./draftline, with the lock of this Python
+        # 0. the CPU environment first, in the same folder, as on a login node that built the
+        #    wrong kind: turned into the GPU one below, it must not keep its torch 2.13.0+cpu
+        #    (which satisfies the GPU lock's torch==2.13.0)
+        cpu = run([draftline, "python", "-c", "import torch; print(torch.__version__)"], tmp_path,
+                  {**env, "DRAFTLINE_ENV": "cpu"})  # fmt: skip
+        assert cpu.stdout.split()[-1] == "2.13.0+cpu", cpu.stdout
+
+        # 1. built by ./draftline with the lock of this Python
         built = run([draftline, "python", "-c", CHECK], tmp_path, env)
         check = json.loads(next(line for line in built.stdout.splitlines() if line.startswith("CHECK "))[6:])
         lock = REPO / f"requirements/gpu-py{check['python']}.lock.txt"
