@@ -138,8 +138,9 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
         assert check["torch_cuda"] == cuda
         assert check["torch"] == f"{pins['torch']}+cu{cuda.replace('.', '')}"
 
-        # 2. a second call uses it as it is (the stamp names the kind and the lock's content)
-        again = run([draftline, "true"], tmp_path, env)
+        # 2. a second call uses it as it is (the stamp names the kind and the lock's content), and
+        #    the locks and envs/gpu.yaml are what gpu.in resolves to (uv is on the venv's PATH)
+        again = run([draftline, "requirements/lock.sh", "--check"], REPO, env)
         assert "setting up" not in again.stderr
 
         # 3. both recipes plan inside it, as docs/cluster.md runs them, in a copy of the workflow
