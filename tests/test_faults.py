@@ -41,7 +41,9 @@ def tiny_config(tiny_model, **changes) -> dict:
         "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
         "regenerate": {"enabled": False},
         "tokenize": {"max_seq_len": 256},
-        "hidden_states": {"shards": 2},
+        # a random tiny model on answers it did not write: its next-token agreement is noise
+        # (benchmarks/results/hidden_state_fidelity.md), so only the fidelity layer checks apply
+        "hidden_states": {"shards": 2, "fidelity": {"min_top1": 0}},
         "vocab": {"draft_vocab_size": 256},
         "train": {"epochs": 1, "total_seq_len": 512},
     }
