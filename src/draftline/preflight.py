@@ -44,6 +44,7 @@ from pathlib import Path
 
 from draftline import plan
 from draftline.artifacts import conversations as conversation_file
+from draftline.atomic import atomic_file
 from draftline.artifacts.preflight import Check, failed, not_run, part_failures, passed, read_part, write_part
 from draftline.config_schema import default
 from draftline.fidelity import FidelitySettings
@@ -560,7 +561,8 @@ def run_regenerate(
         run = evaluate.timed_generate(llm, prompts, evaluate_settings, chat_template)
         record = {"prompts": [{"id": p.id, "messages": p.messages} for p in prompts], "token_ids": run["token_ids"],
                   "skipped": skipped, "max_new_tokens": evaluate_settings.max_new_tokens}  # fmt: skip
-        (out / "reference.json").write_text(json.dumps(record) + "\n")
+        with atomic_file(out / "reference.json") as f:
+            f.write(json.dumps(record) + "\n")
         measured["greedy_tokens_per_s"] = run["output_tokens_per_s"]
         return passed(REFERENCE, f"{len(prompts)} prompts x <= {evaluate_settings.max_new_tokens} tokens, "
                                  f"{run['output_tokens']:,} tokens at {run['output_tokens_per_s']} tok/s")  # fmt: skip
