@@ -332,6 +332,6 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
         assert record["rows"] == [0, 2, 3] and record["top1_assistant"] >= 0.99
         assert record["min_top1"] == AUTO_MIN_TOP1_GREEDY and [x["layer"] for x in record["layers"]] == tiny.extracted
         with pytest.raises(FidelityError, match=r"the online hidden-state server for .* \(dataset rows 0, 2, 3\): .*"
-                                                r"layer id 8\) predicts the next token on 0\.0\d* .* min_top1 = 0\.8"):
+                                                r"layer id 8\) predicts the next token on 0\.0\d* .*fidelity\.min_top1 = 0\.8"):
             check_online_fidelity(inputs(tmp_path / "noise"), server.endpoint, source, settings)
     assert not list((tmp_path / "scratch").glob("*.safetensors"))  # every file read and deleted
