@@ -1,0 +1,181 @@
+"""Build docs/results.md, the one page of measured figures, from the records in
+benchmarks/results/*.md and benchmarks/cuda/results/*.md.
+
+    python benchmarks/results_page.py          # rewrite docs/results.md
+    python benchmarks/results_page.py --check  # exit 1 when docs/results.md is out of date
+
+Each record gets a section, anchored by its file name (docs/results.md#default_acceptance), with
+its headline figures and a link to the record, which keeps the command, commit, versions,
+machine and load. The headline is taken from the record itself, never typed here: the section
+whose heading says "headline" if there is one, else the record's lead (what comes before its
+first `##` heading); from it, its tables and the paragraphs and bullets with a bold figure; when
+that finds nothing, the record's bold figures and first table further down. A record marked
+superseded says so first. The output depends only on the records' text (sorted by path), so
+the page is the same on every machine; tests/test_docs.py fails when it is out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "results.md"
+GROUPS = [
+    ("On CPU: the development machine", "benchmarks/results"),
+    ("On NVIDIA GPUs: H200 machines", "benchmarks/cuda/results"),
+]
+# Records whose file starts with a table and has no title of its own.
+TITLES = {
+    "default_acceptance": "Acceptance on the embedded default (`config/config.yaml`, EAGLE-3)",
+    "dflash_default_acceptance": "Acceptance on the embedded default's data with `draft.algorithm: dflash`",
+    "preset_acceptance": "Acceptance with the preset `config/presets/acceptance.yaml`",
+    "pipeline_default": "The quick start's wall time, stage by stage (embedded default)",
+    "pipeline_default_loaded": "The quick start's wall time on a loaded machine",
+    "fp8_hidden_states": "fp8 vs full hidden states, two unpaired runs",
+    "fp8_hidden_states_notes": "fp8 vs full hidden states: how the unpaired runs were made",
+    "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
+}
+MAX_TABLE_ROWS = 12
+MAX_LINES = 8  # bold lines taken from below the lead
+
+
+def blocks(lines: list[str]) -> list[list[str]]:
+    """Paragraphs, tables, bullets and fenced code, each a list of lines (blank lines split)."""
+    out: list[list[str]] = []
+    cur: list[str] = []
+    fence = False
+    for line in lines:
+        if line.startswith("```"):
+            fence = not fence
+            cur.append(line)
+            continue
+        if not fence and (not line.strip() or (line.startswith("- ") and cur and not cur[0].startswith("|"))):
+            if cur:
+                out.append(cur)
+            cur = [line] if line.strip() else []
+            continue
+        if not fence and cur and (line.startswith("|") != cur[0].startswith("|")):
+            out.append(cur)
+            cur = []
+        cur.append(line)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def table(block: list[str]) -> list[str]:
+    rows = block[2:]
+    if len(rows) <= MAX_TABLE_ROWS:
+        return block
+    return [*block[: 2 + MAX_TABLE_ROWS], "", f"({len(rows) - MAX_TABLE_ROWS} more rows in the record)"]
+
+
+def figures(body: list[str]) -> list[list[str]]:
+    """Tables and paragraphs or bullets with a bold figure, in the record's order."""
+    picked = []
+    for block in blocks(body):
+        if block[0].startswith("```"):
+            continue
+        if block[0].startswith("|") and len(block) >= 2 and set(block[1]) <= set("|-: "):
+            picked.append(table(block))
+        elif "**" in "".join(block) and not block[0].startswith(">"):
+            picked.append(block)
+    return picked
+
+
+def sections(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """(heading, lines) for the lead ('') and each `##` section."""
+    out: list[tuple[str, list[str]]] = [("", [])]
+    fence = False
+    for line in lines:
+        fence ^= line.startswith("```")
+        if not fence and line.startswith("## "):
+            out.append((line[3:].strip(), []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def headline(text: str) -> tuple[str, str | None, list[list[str]]]:
+    """(title, superseded note or None, figure blocks) of one record."""
+    lines = text.splitlines()
+    title = ""
+    if lines and lines[0].startswith("# "):
+        title, lines = lines[0][2:].strip(), lines[1:]
+    note = None
+    if lines and lines[0].startswith("> **Superseded"):
+        note = lines[0][2:].strip()
+        lines = lines[1:]
+    parts = sections(lines)
+    marked = [body for heading, body in parts if "headline" in heading.lower()]
+    picked = figures(marked[0] if marked else parts[0][1])
+    if marked or any(b[0].startswith("|") for b in picked):
+        return title, note, picked
+    # No table up front (bench_cuda.py's records): the bold figures below, named by their section.
+    bold, tables = [], []
+    for heading, body in parts[1:]:
+        for b in figures(body):
+            if b[0].startswith("|"):
+                tables.append(b)
+            elif b[0].startswith("- "):
+                bold.append([f"- {heading}: {b[0][2:]}", *b[1:]])
+            else:
+                bold.append(b)
+    return title, note, picked + (bold[:MAX_LINES] or tables[:1])
+
+
+def anchor(path: Path) -> str:
+    return path.stem.lower()
+
+
+def build(repo: Path = REPO) -> str:
+    out = [
+        "# Measured results",
+        "",
+        "<!-- Generated by benchmarks/results_page.py from the records it links; do not edit.",
+        "     Run `python benchmarks/results_page.py` after adding or changing a record. -->",
+        "",
+        "Every figure draftline's docs quote was measured once and recorded with its command, commit,",
+        "versions, machine and load in a record under `benchmarks/`; this page shows each record's",
+        "headline figures and links to it. The docs link here instead of retyping a number.",
+        "",
+    ]
+    for group, folder in GROUPS:
+        records = sorted((repo / folder).glob("*.md"))
+        out += [f"## {group}", "", f"Records in [`{folder}/`](../{folder}/).", ""]
+        for path in records:
+            title, note, picked = headline(path.read_text())
+            rel = path.relative_to(repo).as_posix()
+            out += [f"### {anchor(path)}", "", f"**{title or TITLES.get(path.stem, path.stem)}**", ""]
+            if note:
+                out += [note, ""]
+            for block in picked:
+                out += [*block, ""]
+            if not picked:
+                out += ["(No headline figure marked in the record: read it.)", ""]
+            out += [f"Record: [`{rel}`](../{rel}).", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/results.md is out of date")
+    args = parser.parse_args(argv)
+    page = build()
+    current = PAGE.read_text() if PAGE.exists() else ""
+    if args.check:
+        if page != current:
+            print(f"{PAGE.relative_to(REPO)} is out of date: run python benchmarks/results_page.py", file=sys.stderr)
+            return 1
+        return 0
+    if page != current:
+        PAGE.write_text(page)
+        print(f"wrote {PAGE.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
