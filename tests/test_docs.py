@@ -1,0 +1,95 @@
+"""The docs a user reads first: the README is a front door whose quick start is the two commands
+CI runs, every link in README.md and docs/ leads somewhere, and docs/results.md (the one page of
+measured figures) is what benchmarks/results_page.py builds from the records today."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from workflow import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+QUICK_START = [
+    "./draftline snakemake --cores all results/checkpoint/final",
+    "./draftline pytest",
+]
+
+
+def results_page():
+    spec = importlib.util.spec_from_file_location("results_page", REPO / "benchmarks" / "results_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_page_is_current():
+    page = results_page()
+    built = page.build(REPO)
+    current = page.PAGE.read_text() if page.PAGE.exists() else ""
+    assert built == current, "docs/results.md is out of date: run python benchmarks/results_page.py"
+
+
+def test_results_page_has_every_record_once(tmp_path):
+    """A record added to benchmarks/ gets its own section and link; the page is built from the
+    records alone (the same text whatever the order the files were written in)."""
+    page = results_page()
+    text = page.PAGE.read_text()
+    records = sorted(REPO.glob("benchmarks/results/*.md")) + sorted(REPO.glob("benchmarks/cuda/results/*.md"))
+    assert records
+    for record in records:
+        rel = record.relative_to(REPO).as_posix()
+        assert text.count(f"\n### {record.stem}\n") == 1, rel
+        assert f"(../{rel})" in text, rel
+    # A new record shows up with its headline figures: the lead's bold line and its table.
+    for folder in ("benchmarks/results", "benchmarks/cuda/results", "docs"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "benchmarks/results/new_run.md").write_text(
+        "# A new run\n\n**3.5 tok/s** on one core.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n## How\n\nnot headline\n"
+    )
+    built = page.build(tmp_path)
+    assert "### new_run\n\n**A new run**\n\n**3.5 tok/s** on one core.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n" in built
+    assert "not headline" not in built and "(../benchmarks/results/new_run.md)" in built
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_links_lead_somewhere():
+    """Relative links in README.md and docs/*.md name a file that exists and, with #anchor, a
+    heading in it: a section moved out of the README leaves no link pointing at its old place."""
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in LINK.findall(text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no heading #{anchor} in {dest.name})")
+    assert not broken, "\n".join(broken)
+
+
+def test_readme_is_a_front_door():
+    """At most ~160 lines, and its quick start is exactly the two commands: the main job on the
+    embedded default, and the tests as .ci/run runs them."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160, len(readme.splitlines())
+    quick = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in quick.strip().splitlines()]
+    assert commands == QUICK_START
+    assert "./draftline pytest" in (REPO / ".ci" / "run").read_text()
+    assert "docs/results.md" in readme
