@@ -19,7 +19,7 @@ TARGET = "results/lineage.json"
 
 
 def make_run_folder(repo: Path, name: str, model: Path, prompts: list[str], **train) -> Path:
-    """runs/<name>/ as the README says: config/config.yaml inside, paths relative to the folder
+    """runs/<name>/ as docs/pipeline.md says: config/config.yaml inside, paths relative to the folder
     (the target is a link beside it here, the prompts a file)."""
     run = repo / "runs" / name
     (run / "config").mkdir(parents=True)
@@ -39,7 +39,7 @@ def make_run_folder(repo: Path, name: str, model: Path, prompts: list[str], **tr
 
 
 def documented_plan(repo: Path, name: str) -> dict[str, int]:
-    """Rule -> jobs that the README's command plans, run from the checkout:
+    """Rule -> jobs that the command in docs/pipeline.md plans, run from the checkout:
     `snakemake --directory runs/<name> -n` (no --configfile: runs/<name>/config/config.yaml)."""
     result = subprocess.run([SNAKEMAKE, "--directory", f"runs/{name}", "-n", TARGET],
                             cwd=repo, capture_output=True, text=True, timeout=600)

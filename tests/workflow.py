@@ -141,7 +141,7 @@ def fake_tiny_project(workdir: Path, model: Path, repo: Path, rows: int = 8) -> 
 def load_published_draft(final: Path):
     """speculators' model of a published draft, its verifier read from the local target the run
     trained against (final/config.json names the target by hub id or folder name, which this
-    machine cannot download: README, "Several targets side by side")."""
+    machine cannot download: docs/pipeline.md, "Several targets side by side")."""
     from speculators import SpeculatorModel, SpeculatorModelConfig
 
     config = SpeculatorModelConfig.from_pretrained(str(final))
