@@ -1,7 +1,7 @@
 """The default target `all` on the embedded SmolLM2-135M, end to end (slow: ~25 min on 2 cores).
 
 Real vLLM CPU regeneration and extraction, speculators' preprocessing and Trainer, the default
-config; then what the README promises of it: the checkpoint loads in speculators, the draft
+config; then what the README and docs (pipeline.md, evaluation.md) promise of it: the checkpoint loads in speculators, the draft
 beats an untrained one in vLLM's speculative decoding on the test prompts, every speculative
 output equals the target's own, and `snakemake --report` writes the five plots.
 """
