@@ -8,9 +8,10 @@ Each record gets a section, anchored by its file name (docs/results.md#default_a
 its headline figures and a link to the record, which keeps the command, commit, versions,
 machine and load. The headline is taken from the record itself, never typed here: the section
 whose heading says "headline" if there is one, else the record's lead (what comes before its
-first `##` heading); from it, its tables and the paragraphs and bullets with a bold figure; when
-that finds nothing, the record's bold figures and first table further down. A record marked
-superseded says so first. The output depends only on the records' text (sorted by path), so
+first `##` heading); from it, its tables, its `Command:` line and the paragraphs and bullets
+with a bold figure; when the lead has no table (bench_cuda.py's records), also the bold figures
+further down, named by their section, or else the first table there. A record marked superseded
+says so first. The output depends only on the records' text (sorted by path), so
 the page is the same on every machine; tests/test_docs.py fails when it is out of date.
 """
 
@@ -74,14 +75,15 @@ def table(block: list[str]) -> list[str]:
 
 
 def figures(body: list[str]) -> list[list[str]]:
-    """Tables and paragraphs or bullets with a bold figure, in the record's order."""
+    """Tables, paragraphs or bullets with a bold figure, and `Command:` lines (record_run.py's
+    command, commit, machine, wall time and load), in the record's order."""
     picked = []
     for block in blocks(body):
         if block[0].startswith("```"):
             continue
         if block[0].startswith("|") and len(block) >= 2 and set(block[1]) <= set("|-: "):
             picked.append(table(block))
-        elif "**" in "".join(block) and not block[0].startswith(">"):
+        elif ("**" in "".join(block) or block[0].startswith("Command: ")) and not block[0].startswith(">"):
             picked.append(block)
     return picked
 
