@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cuda import build_target, gpu_info, host_info, versions  # noqa: E402
+from common import build_target, gpu_info, host_info, versions  # noqa: E402
 
 from draftline.backends.transformers import (  # noqa: E402
     HFExtractor, batches, describe_device_map, device_map_for, load_decoder,
