@@ -72,7 +72,7 @@ def load_now() -> list[float]:
 
 def load(log: Path | None, start: float, end: float) -> dict | None:
     """The 1-minute load averages a LOG sampled between `start` and `end` (epoch seconds):
-    lines "ISO-time load1 load5 load15 ...", e.g. from
+    lines "TIME load1 load5 load15 ...", TIME in ISO form or epoch seconds, e.g. from
     `while :; do echo "$(date -u +%FT%TZ) $(cat /proc/loadavg)"; sleep 30; done`."""
     if log is None or not log.is_file():
         return None
@@ -81,7 +81,10 @@ def load(log: Path | None, start: float, end: float) -> dict | None:
         parts = line.split()
         if len(parts) < 2:
             continue
-        when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
+        try:
+            when = float(parts[0])
+        except ValueError:
+            when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
         if start <= when <= end:
             values.append(float(parts[1]))
     if not values:
