@@ -71,8 +71,8 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--total-seq-len", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--stages", default=STAGES, help=f"the measurements to run, comma-separated (default: {STAGES}); "
-                    f"these run only when named: {','.join(MORE_STAGES)}")
+    ap.add_argument("--stages", default=STAGES, help=f"the measurements to run, comma-separated (default: "
+                    f"{', '.join(STAGES.split(','))}); these run only when named: {', '.join(MORE_STAGES)}")
     ap.add_argument("--only", choices=["extraction"], help="extraction: the stage in a fresh process (first "
                     "and second call), the like-for-like variants, the matmul rate before, between and after, "
                     "and a first call with the page cache dropped (overrides --stages)")

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 import record_run  # noqa: E402
 
+from draftline.atomic import atomic_file  # noqa: E402
+
 log = logging.getLogger("bench")
 
 # The entry point the measurements that run in fresh processes start again (`extract-calls`,
@@ -56,7 +58,8 @@ class Results:
         self.save()
 
     def save(self) -> None:
-        (self.out / "results.json").write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        with atomic_file(self.out / "results.json") as f:  # rewritten after every stage: never half-written
+            f.write(json.dumps(self.data, indent=1, default=str) + "\n")
 
 
 class GpuMemoryPoller:
