@@ -1,5 +1,14 @@
-"""Record a finished run's figures with what makes them checkable: the command, the commit the
-run was made from, the versions, the machine and its load while the run went on.
+"""The benchmarks' one harness, and the record of a finished run.
+
+Every benchmark that writes a record (benchmarks/results/NAME.json and .md) takes its header
+from here: `header()` (the command, the commit with the paths that differ from it, the
+versions through `draftline.provenance.package_versions`, the machine, the load at the start,
+the date), `header_line()` for the page, `load()` for a load log's window, and `write_record()`
+(each file written whole).
+
+Run as a script, it records a finished run's figures with what makes them checkable: the
+command, the commit the run was made from, the versions, the machine and its load while the run
+went on.
 
     python benchmarks/record_run.py WORKDIR --command "CMD" --out benchmarks/results/NAME \
         [--loadavg LOG] [--wall-s SECONDS]

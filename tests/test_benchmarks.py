@@ -159,3 +159,21 @@ def test_the_recorded_runs_name_known_measurements():
             continue
         unknown = set(data["stages"]) - set(MEASUREMENTS) - derived
         assert not unknown, f"{record.name}: {unknown}"
+
+
+def test_a_tool_record_carries_the_header(tmp_path):
+    """pipeline_wall_time on a finished run's per-job benchmark files: the figures and the header."""
+    jobs = tmp_path / "run" / "results" / "benchmarks"
+    (jobs / "regenerate").mkdir(parents=True)
+    for name, seconds in (("prompts", 2.5), ("regenerate/shard_0", 40.0)):
+        (jobs / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:{int(seconds)}\t120.5\n")
+    out = tmp_path / "records" / "wall"
+    result = _python(str(BENCH / "pipeline_wall_time.py"), str(tmp_path / "run"), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "records" / "wall.json").read_text())
+    assert {"command", "commit", "versions", "machine", "load_at_start", "date"} <= set(record)
+    assert record["command"].endswith(f"benchmarks/pipeline_wall_time.py {tmp_path / 'run'} --out {out}")
+    assert {j["job"]: j["seconds"] for j in record["jobs"]} == {"prompts": 2.5, "regenerate/shard_0": 40.0}
+    page = (tmp_path / "records" / "wall.md").read_text()
+    assert "| regenerate/shard_0 | 40 | 120 |" in page
+    assert page.rstrip().endswith(f"{record['date']}.") and f"`{record['command']}`" in page
