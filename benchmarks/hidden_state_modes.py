@@ -217,7 +217,8 @@ def markdown(r: dict) -> str:
                 d = p[side]
                 lines.append(f"| {stage} | {p['repeat']} | {' > '.join(p['order'])} | {side} | {d['tokens_per_s']} | "
                              f"{d['wall_s']} | {d['load_1min']} |")
-    lines += ["", f"{header_line(r)} Training: {r['train']}; the job's 2 threads (online: server 1, Trainer 1; loader workers as each repeat records)."]
+    lines += ["", f"{header_line(r)} Training: {r['train']}; the job's 2 threads (online: server 1, Trainer 1; "
+              "loader workers as each repeat records)."]
     return "\n".join(lines) + "\n"
 
 

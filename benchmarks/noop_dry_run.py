@@ -85,7 +85,7 @@ def main() -> None:
         "fake_run_seconds": round(fake_s, 1),
         "load_at_end": load_now(),
     }
-    write_record(args.out, result, 
+    write_record(args.out, result,
         f"# No-op dry run with {args.shards} hidden-state shards\n\n"
         f"`snakemake -n {TARGET}` on a finished run (faked with `--touch`): "
         f"{'Nothing to be done' if all(messages) else 'JOBS PLANNED: ' + str(jobs)}.\n\n"

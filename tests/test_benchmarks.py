@@ -177,3 +177,37 @@ def test_a_tool_record_carries_the_header(tmp_path):
     page = (tmp_path / "records" / "wall.md").read_text()
     assert "| regenerate/shard_0 | 40 | 120 |" in page
     assert page.rstrip().endswith(f"{record['date']}.") and f"`{record['command']}`" in page
+
+
+def test_record_run_records_a_finished_run_as_before(tmp_path):
+    """record_run.py on a finished run rebuilt from the default record: the same table and note
+    (benchmarks/results/default_acceptance.md), the run's commit and versions, the load window."""
+    stored = json.loads((BENCH / "results" / "default_acceptance.json").read_text())
+    run = tmp_path / "run" / "results"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "acceptance.json").write_text(json.dumps(stored["acceptance"]))
+    final = run / "checkpoint" / "final"
+    final.mkdir(parents=True)
+    (final / "provenance.json").write_text(json.dumps({"workflow": stored["workflow"], "versions": stored["versions"]}))
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"chosen_epoch": stored["chosen_epoch"], "val_loss_per_epoch": stored["val_loss_per_epoch"]}))
+    (run / "benchmarks").mkdir()
+    tsv = run / "benchmarks" / "train.tsv"
+    tsv.write_text("s\th:m:s\tmax_rss\n600.0\t0:10:00\t900\n")
+    end = time.time() - 60
+    os.utime(tsv, (end, end))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end - 300))
+    (tmp_path / "load.log").write_text(f"{stamp} 2.5 1 1\n")
+    out = tmp_path / "rec" / "default"
+    result = _python(str(BENCH / "record_run.py"), str(tmp_path / "run"), "--command", stored["command"],
+                     "--out", str(out), "--loadavg", str(tmp_path / "load.log"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "rec" / "default.json").read_text())
+    assert record["acceptance"] == stored["acceptance"] and record["versions"] == stored["versions"]
+    assert record["load_during_run"] == {"samples": 1, "load1_min": 2.5, "load1_median": 2.5, "load1_max": 2.5}
+    assert record["jobs_wall_s"] == 600.0 and record["stage_seconds"] == {"train": 600.0}
+    page = (tmp_path / "rec" / "default.md").read_text()
+    table = (BENCH / "results" / "default_acceptance.md").read_text().split("\n\n")[0]
+    assert page.startswith(table + "\n\nCommand: `./draftline snakemake --cores all all`; commit "
+                           f"{stored['workflow']['commit']}; machine ")
+    assert page.endswith("jobs' wall time 10.0 min; 1-minute load during the run 2.5-2.5 (median 2.5).\n")
