@@ -49,12 +49,15 @@ from draftline.provenance import package_versions  # noqa: E402
 
 def git_commit(*paths: str) -> str | None:
     """This checkout's short commit, with "+dirty" when tracked files (under `paths`, if given)
-    differ from it: the code a benchmark measured. None outside a git checkout."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    if out.returncode != 0:
+    differ from it: the code a benchmark measured. None outside a git checkout or without git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:  # no git (e.g. a copy of the tree on a lent GPU machine)
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
-                           capture_output=True, text=True)  # fmt: skip
     return out.stdout.strip() + ("+dirty" + "".join(f" {p}" for p in paths) if dirty.stdout.strip() else "")
 
 
