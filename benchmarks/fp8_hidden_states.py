@@ -22,9 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_run import _load, _machine  # noqa: E402
+from record_run import header, header_line, load, write_record  # noqa: E402
 from pipeline_wall_time import stage_times  # noqa: E402
 
 from draftline.artifacts.hidden_states import file_name, manifest_format, read_manifest, read_states  # noqa: E402
@@ -73,7 +73,7 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
         span = float(hs_rows["end"].max() - hs_rows["start"].min())
         out["extraction_wall_s"] = round(span, 1)
         out["extraction_tokens_per_s_wall"] = round(tokens / span, 1)  # shards side by side, load included
-    out["load_during_run"] = _load(loadavg, float(times["start"].min()), float(times["end"].max()))
+    out["load_during_run"] = load(loadavg, float(times["start"].min()), float(times["end"].max()))
     final = results / "checkpoint" / "final"
     if not (final / "draftline_provenance.json").is_file():  # training not finished yet
         out["training"] = out["acceptance"] = None
@@ -135,6 +135,7 @@ def markdown(record: dict) -> str:
     lines += ["", f"Parity (fp8 as speculators' Trainer reads it vs full, {par['tokens']:,} tokens, {par['rows']} rows): "
               "relative error per extracted layer " + ", ".join(
                   f"{lid}: {e:.4f}" for lid, e in zip(par["layer_ids"], par["relative_error_per_layer"]))]
+    lines += ["", header_line(record)]
     return "\n".join(lines) + "\n"
 
 
@@ -153,16 +154,14 @@ def main() -> None:
         return
     logs = args.loadavg or (None, None)
     record = {
-        "command": args.command,
-        "machine": _machine(),
+        **header(args.command, packages=("torch", "speculators", "hs-connectors"), commit_paths=("src", "benchmarks")),
         "runs": {"full": run_figures(args.full, logs[0]), "fp8": run_figures(args.fp8, logs[1])},
         "parity": par,
     }
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     text = markdown(record)
     notes = out.with_name(out.name + "_notes.md")  # how the runs were made, written by hand
-    out.with_suffix(".md").write_text(text + ("\n" + notes.read_text() if notes.is_file() else ""))
+    write_record(out, record, text + ("\n" + notes.read_text() if notes.is_file() else ""))
     print(text)
 
 

