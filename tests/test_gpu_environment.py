@@ -115,9 +115,10 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
     try:
         # 0. the CPU environment first, in the same folder, as on a login node that built the
         #    wrong kind: turned into the GPU one below, it must not keep its torch 2.13.0+cpu
-        #    (which satisfies the GPU lock's torch==2.13.0)
-        cpu = run([draftline, "python", "-c", "import torch; print(torch.__version__)"], tmp_path,
-                  {**env, "DRAFTLINE_ENV": "cpu"})  # fmt: skip
+        #    (which satisfies the GPU lock's torch==2.13.0). From the user's uv cache, which the
+        #    test command's own CPU environment has just filled: only the GPU list is downloaded.
+        cpu_env = {k: v for k, v in env.items() if k != "UV_CACHE_DIR"} | {"DRAFTLINE_ENV": "cpu"}
+        cpu = run([draftline, "python", "-c", "import torch; print(torch.__version__)"], tmp_path, cpu_env)
         assert cpu.stdout.split()[-1] == "2.13.0+cpu", cpu.stdout
 
         # 1. built by ./draftline with the lock of this Python
