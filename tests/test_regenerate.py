@@ -313,16 +313,14 @@ def test_chat_template_kwargs_reach_vllm_chat_in_regeneration_and_evaluation(llm
 
 
 @pytest.mark.slow
-def test_embedded_target_trained_tokens_are_exactly_what_it_generated(tmp_path_factory):
+def test_embedded_target_trained_tokens_are_exactly_what_it_generated(embedded_target, tmp_path_factory):
     """SmolLM2 (ChatML, no generation tags): regenerate, tokenize, and the loss mask covers the
     target's own answer tokens, stop token included for complete answers, nothing else."""
     from datasets import load_from_disk
 
-    from draftline.target_model import materialize_embedded
     from draftline.tokenization import TokenizeSettings, tokenize
 
-    folder = tmp_path_factory.mktemp("embedded")
-    target = materialize_embedded(folder / "target")
+    folder, target = tmp_path_factory.mktemp("embedded"), embedded_target
     prompts = folder / "prompts.jsonl"
     rows = [{"id": f"q{i}", "source": "t", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(
         ["What is the capital of France?", "Write a haiku about rain.", "Who wrote Hamlet?", "What is recursion?"]
