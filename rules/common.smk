@@ -26,8 +26,8 @@ validate(config, schema="../config/schema/config.schema.yaml")
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.planning). The
 # `gpu` a profile or --set-resources sets per rule is passed as plain values.
-_GPUS = {rule: (workflow.resource_settings.overwrite_resources or {}).get(rule, {}).get("gpu")
-         for rule in ("train", *planning.VLLM_RULES)}  # fmt: skip
+_SET = workflow.resource_settings.overwrite_resources or {}
+_GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
 try:
     PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
                          remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS))  # fmt: skip
