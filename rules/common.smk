@@ -9,9 +9,8 @@ from snakemake.utils import validate
 
 REPO = Path(workflow.basedir)
 SRC = REPO / "src"
-# The step logic is imported from src/, here and in every job: Snakemake starts each `script:`
-# with this process's sys.path (locally, in a Slurm job's own snakemake, and in a conda env,
-# where it drops PYTHONPATH), so no environment variable is needed (docs/DESIGN.md).
+# The step logic is imported from src/, here and in every job: Snakemake starts each `script:` with
+# this process's sys.path (locally, in a Slurm job, in a conda env), so no PYTHONPATH (docs/DESIGN.md).
 sys.path.insert(0, str(SRC))
 
 from draftline import planning  # noqa: E402
@@ -77,36 +76,27 @@ def versions(*packages):
 
 
 def target_input():
-    """The target folder as an input when rule target_model builds it (for the job order); a
-    folder used in place is no input, so moving it or touching it reruns nothing: its content
-    is in every rule's `target` param."""
+    """The target folder as an input when rule target_model builds it (for the job order); a folder
+    used in place is none, so moving or touching it reruns nothing (the `target` param is its content)."""
     return TARGET_DIR if TARGET.needs_rule else []
 
 
 def conversations_to_tokenize():
-    """What tokenize reads: the prompts, or the regenerated conversations as `ancient` (their
-    mtime changes whenever the merge runs, e.g. for a new shard count); what decides when they
-    changed is `merged_answers()` (their content) and `regeneration_settings()`."""
-    if config["regenerate"]["enabled"]:
-        return _after_merge("conversations")
-    return "results/prompts/prompts.jsonl"
+    """What tokenize reads: the prompts, or the regenerated conversations as `ancient` (the merge
+    rewrites them for a new shard count): their content decides (merged_answers, regeneration_settings)."""
+    return _after_merge("conversations") if config["regenerate"]["enabled"] else "results/prompts/prompts.jsonl"
 
 
 def merged_answers():
-    """The merged conversations' sha256 file, so tokenize (and what follows) reruns exactly when
-    the merge wrote other answers. On GPUs vLLM's answers can change with batch composition, so
-    a new shard count or chunk size may give other answers, or the same; which one is known only
-    once the merge has run: regenerate_merge is a checkpoint, after which Snakemake re-plans
-    tokenize, and Snakemake compares the file by its recorded checksum (files under 1 MB), so the
-    same answers rewritten rerun nothing."""
+    """The merged conversations' sha256 file, so tokenize reruns exactly when the merge wrote other
+    answers (on GPUs a new shard count may give other answers, or the same: known once the merge,
+    a checkpoint, has run; Snakemake compares the file by its checksum, so the same answers rerun nothing)."""
     return _after_merge("answers") if config["regenerate"]["enabled"] else []
 
 
 def _after_merge(output):
-    """An input function: `output` of checkpoint regenerate_merge (the conversations `ancient`).
-    While the merge is still to run: Snakemake's own checkpoint target (the merged file), marked
-    ancient so that planning the merge does not plan tokenize by itself; Snakemake decides
-    tokenize again once the merge is done."""
+    """An input function: `output` of checkpoint regenerate_merge (the conversations `ancient`); while
+    the merge is to run, its target marked ancient, so that it plans no tokenize by itself."""
 
     def after_merge(wildcards):
         try:
@@ -119,9 +109,8 @@ def _after_merge(output):
 
 
 def regeneration_settings():
-    """What decides the regenerated answers (target, settings, code, prompts by content):
-    rewritten only when those change, so tokenize reruns then (and the dry run shows it before
-    anything runs) and not for a new shard count."""
+    """What decides the regenerated answers (target, settings, code, prompts by content): rewritten
+    only when those change, so tokenize reruns then (a dry run shows it), not for a new shard count."""
     return "results/regenerated/settings.json" if config["regenerate"]["enabled"] else []
 
 
@@ -143,12 +132,10 @@ def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=PLAN.shards)
 
 
-# hidden_states.release_after_training: the shards and the view are temp(), so Snakemake deletes
-# them once every job reading them (the view, training, the disk plot) has run; training lists
-# the shards among its inputs (always, so switching the option reruns nothing) so they outlive
-# the view until it is done. A later rerun of training re-extracts them first.
 def hidden_states_output(path):
-    """A hidden-state folder output: temp() under hidden_states.release_after_training."""
+    """A hidden-state folder output: temp() under hidden_states.release_after_training, deleted once
+    every job reading it has run; training lists the shards among its inputs (always: switching the
+    option reruns nothing), so they outlive the view. A later rerun of training re-extracts them."""
     return temp(directory(path)) if config["hidden_states"]["release_after_training"] else directory(path)
 
 
@@ -157,9 +144,8 @@ def shards_read_by_training():
     return hidden_state_shards()
 
 
-PLOTS = ["loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"]
 ONLINE = config["hidden_states"]["mode"] == "online"  # no hidden-state files: no disk plot
-PLOTS = [p for p in PLOTS if not (ONLINE and p == "hidden_states_disk")]
+PLOTS = ["loss", "acceptance", "vocab_coverage", *([] if ONLINE else ["hidden_states_disk"]), "wall_times"]
 
 
 def report_plots():
@@ -169,10 +155,5 @@ def report_plots():
 def all_outputs():
     """The final draft (the main target), its evaluation, the report's plots, the lineage of all
     three, and the run's one-page summary (rules/summary.smk)."""
-    return [
-        "results/checkpoint/final",
-        "results/eval/acceptance.json",
-        *report_plots(),
-        "results/lineage.json",
-        "results/summary.md",
-    ]
+    return ["results/checkpoint/final", "results/eval/acceptance.json", *report_plots(), "results/lineage.json",
+            "results/summary.md"]  # fmt: skip
