@@ -149,3 +149,18 @@ def test_sizing_line_names_the_target_device_and_rows(tiny_model, workdir, capsy
     (workdir / planning.FINAL_CHECKPOINT).mkdir(parents=True)  # a finished run is not sized again
     plan_for(config_for(tiny_model), workdir)
     assert "sizing for" not in capsys.readouterr().err
+
+
+def test_the_config_is_checked_against_the_targets_shape(tiny_model, workdir):
+    with pytest.raises(PlanningError, match=r"^vocab\.draft_vocab_size = 32000 is larger than the target's "
+                                            r"vocabulary of 512 tokens .*; set it to at most 512$"):  # fmt: skip
+        plan_for(config_for(tiny_model, vocab={"draft_vocab_size": 32000}), workdir)
+
+
+def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
+    """Inside a cluster job (remote_exec) the same plan, without the planned-device and sizing lines."""
+    plan = planning.plan(config_for(tiny_model), workdir=workdir, repo=REPO, executor=None, remote_exec=True,
+                         gpu_overrides={})  # fmt: skip
+    err = capsys.readouterr().err
+    assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
+    assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
