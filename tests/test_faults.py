@@ -318,8 +318,9 @@ NOT_FINAL = {
     ("target_model.py", "write_chat_template"), ("target_model.py", "_clean_tokenizer_config"),
     ("target_model.py", "_write_provenance"), ("train.py", "train"), ("hidden_states.py", "extract_shard"),
     ("train_entry.py", "emit"),
-    # the per-user cache of target hashes (no output; save() writes a temporary file, then renames)
-    ("target_hashes.py", "_locked"), ("target_hashes.py", "hash_ahead"),
+    # the per-user cache of target hashes (no output; save() writes a temporary file, then renames),
+    # saved by the plan once it identified the target
+    ("target_hashes.py", "_locked"), ("target_hashes.py", "hash_ahead"), ("planning.py", "_resolve_target"),
 }
 WRITES = {"write_text", "write_bytes", "save", "save_file", "save_to_disk", "save_pretrained", "dump"}
 

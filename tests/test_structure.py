@@ -24,9 +24,10 @@ STAGES = {
 }  # fmt: skip
 # What stages share: the files between them, the seams, and the runtime helpers.
 SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing")
-# Checks that run several stages' own code on a few rows before a run (`preflight`): they import
-# stages (so a fix in one reruns them), and nothing imports them.
-DRIVERS = {"preflight"}
+# What runs several stages' own code: the checks on a few rows before a run (`preflight`; they
+# import stages, so a fix in one reruns them) and the run's plan at parse time (`planning`, which
+# rules/common.smk calls). Nothing imports them.
+DRIVERS = {"preflight", "planning"}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,0 +1,326 @@
+"""The run's plan, decided once at parse time before any job starts (rules/common.smk calls `plan`).
+
+From the validated config and the machine that plans: the config's paths and prompt sources
+checked, the target resolved and identified by content (hashes kept across run folders,
+draftline.target_hashes), the device and the `auto` settings resolved for it
+(draftline.plan.resolved_settings), the config checked against the target's shape
+(draftline.checks), the hidden states' disk use printed and held to hidden_states.max_disk_gb
+(draftline.disk), and the run's GPU-hours printed (draftline.sizing). What it prints and the
+errors it raises (PlanningError, which the workflow shows as a WorkflowError) are what a user
+sees before the first job.
+
+Relative paths are the working folder's, as in every job: snakemake runs in it (--directory).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftline.artifacts import layer_ids as layer_ids_file
+from draftline.artifacts.hidden_states import manifest_format, read_manifest
+from draftline.checks import ConfigError, TargetShape, check_config, target_shape
+from draftline.cluster import cluster_device, jobs_leave_this_machine
+from draftline.disk import DiskLimitError, check_limit, parse_time_estimate, plan_lines, row_lengths, upper_bound_estimate
+from draftline.fidelity import FidelitySettings, resolve_min_top1
+from draftline.plan import PlanError, pinned_versions, resolved_settings
+from draftline.sizing import planned_training_rows
+from draftline.sources import PromptError, check_sources
+from draftline.target_hashes import SharedHashCache, local_target_files
+from draftline.target_model import TargetSpec, resolve_target, target_identity
+
+HASH_CACHE = ".snakemake/draftline/hash_cache.json"
+PROMPTS_SUMMARY = "results/prompts/summary.json"
+TOKENIZED_SUMMARY = "results/tokenized/summary.json"
+TOKENIZED_DATASET = "results/tokenized/dataset"
+LAYER_IDS = "results/target/layer_ids.json"
+FINAL_CHECKPOINT = "results/checkpoint/final"
+# The rules that load the target in vLLM: each asks for one GPU per rank itself.
+VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate", "preflight_environment", "preflight_regenerate",
+              "preflight_hidden_states", "preflight_speculative")  # fmt: skip
+
+
+HELDOUT_SPLIT = (
+    "prompts.heldout was split into prompts.validation (choose settings on it) and "
+    "prompts.test (report it, never tune on it); replace the key in your config"
+)
+# Snakemake's `code` trigger would rerun every step after a fresh clone; the profiles switch it off.
+CODE_TRIGGER_ON = (
+    "warning: Snakemake's `code` rerun trigger is on (no draftline profile "
+    "loaded?): after a fresh clone every step reruns for its scripts' new mtimes. Add "
+    "`--rerun-triggers mtime params input software-env` (profiles/default sets it)."
+)
+
+
+class PlanningError(ValueError):
+    """The config cannot be planned; the message says what is wrong, where, and what to do."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: TargetSpec
+    target_identity: dict  # the target's content: the `target` param of every rule that reads it
+    verifier_name: str  # what the published draft names as its verifier: never a local path
+    executor: str | None
+    on_cluster: bool  # the jobs run on a cluster executor's nodes, not here
+    device: str
+    resolved: dict  # the `auto` settings for the device, per concern (draftline.plan.resolved_settings)
+    default_train_gpus: int  # the train rule's `gpu`: the Trainer's, plus the online server's
+    train_gpus: int  # what it asks for with the profile's (or --set-resources') setting
+    vllm_ranks: int  # target.tensor_parallel_size x pipeline_parallel_size
+    vllm_parallel: dict
+    shards: tuple[int, ...]
+    target_shape: TargetShape | None
+    fidelity: FidelitySettings
+    preflight_plan: dict  # what a preflight's rates were measured under
+
+    @property
+    def target_dir(self) -> str:
+        return str(self.target.dir)
+
+
+def say(line: str) -> None:
+    print(f"draftline: {line}", file=sys.stderr)
+
+
+def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str | None, remote_exec: bool,
+         gpu_overrides: dict[str, int | str | None]) -> Plan:
+    """The plan for `config` (validated, defaults filled), printing what a user sees before the first
+    job. `gpu_overrides`: {rule: the `gpu` a profile or --set-resources sets, None when unset, the
+    text of an expression only the job knows}. Sets config["run_name"] and sorts the config's keys
+    in place: a dict param is compared by its repr, so reordering config.yaml never reruns a job."""
+    workdir, repo = Path(workdir), Path(repo)
+    check_relative_paths(config, workdir, repo)
+    check_prompt_sources(config)
+    target, identity = _resolve_target(config, workdir)
+    on_cluster = remote_exec or jobs_leave_this_machine(executor)
+    try:
+        device = cluster_device(config["device"], on_cluster, config["cpu_on_cluster"], executor)
+    except PlanError as error:
+        raise PlanningError(str(error)) from None
+    hs = config["hidden_states"]
+    default_train_gpus = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
+    train_gpus = gpu_overrides.get("train")
+    train_gpus = train_gpus if isinstance(train_gpus, int) else default_train_gpus  # an expression: checked in the job
+    resolved = resolved_settings(config, device, train_gpus)
+    if not remote_exec:
+        say(planned_line(config, device, resolved, executor if on_cluster else None))
+    vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+    check_gpu_overrides(gpu_overrides, vllm_ranks)
+    config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; no param
+    for key in sorted(config):
+        config[key] = sort_keys(config.pop(key))
+    try:
+        shape = target_shape(target.kind, target.config_folder)
+        check_config(config, shape, device)
+    except ConfigError as error:
+        raise PlanningError(str(error)) from None
+    parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
+    the_plan = Plan(
+        target=target, target_identity=identity,
+        verifier_name=config["target"]["verifier_name"] or (target.source if target.kind == "hub" else target.name),
+        executor=executor, on_cluster=on_cluster, device=device, resolved=resolved,
+        default_train_gpus=default_train_gpus, train_gpus=train_gpus, vllm_ranks=vllm_ranks, vllm_parallel=parallel,
+        shards=tuple(range(hs["shards"])), target_shape=shape, fidelity=fidelity_settings(config),
+        preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
+                            versions=pinned_versions(repo, device, ("vllm", "torch", "transformers"))),
+    )  # fmt: skip
+    planned_rows = functools.cache(lambda: planned_training_rows(config, PROMPTS_SUMMARY))  # counted once
+    hidden_state_disk_use(config, the_plan, planned_rows)
+    if not remote_exec and not Path(FINAL_CHECKPOINT).exists():
+        say(sizing_line(config, the_plan, planned_rows()))
+    return the_plan
+
+
+# ---------------------------------------------------------------- the config's files
+
+
+def check_relative_path(key: str, raw, workdir: Path, repo: Path) -> None:
+    """A relative path missing from a run folder that the workflow's own folder has (a preset's
+    resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
+    path = Path(str(raw)).expanduser()
+    if path.is_absolute() or str(raw).startswith("hf:") or path.exists() or workdir == repo:
+        return
+    if (repo / path).exists():
+        raise PlanningError(
+            f"{key}: {raw} is not in the working folder (looked at {path.resolve()}): relative paths in the "
+            f"config are read from the folder snakemake runs in ({workdir}, --directory), not from the "
+            f"workflow's ({repo}), which has it. Write {os.path.relpath(repo / path)} (or an absolute path), "
+            "or copy the file into the run folder"
+        )
+
+
+def check_relative_paths(config: dict, workdir: Path, repo: Path) -> None:
+    for raw in config["prompts"]["sources"]:
+        check_relative_path("prompts.sources", raw, workdir, repo)
+    for name, raw in config["evaluate"]["prompt_sets"].items():
+        check_relative_path(f"evaluate.prompt_sets.{name}", raw, workdir, repo)
+    for key in ("model", "chat_template"):
+        if config["target"][key] not in (None, "embedded"):
+            check_relative_path(f"target.{key}", config["target"][key], workdir, repo)
+
+
+def check_prompt_sources(config: dict) -> None:
+    """The first rows of every source, in every format, so a typo, a wrong column name or a file in
+    the wrong format stops the run before any job starts."""
+    prompts = config["prompts"]
+    try:
+        check_sources(prompts["sources"], config["regenerate"]["enabled"], prompts["on_bad_row"])
+    except (PromptError, ValueError) as error:
+        raise PlanningError(f"prompts.sources: {error}") from None
+    for name, raw in config["evaluate"]["prompt_sets"].items():
+        try:  # evaluation stops on a bad row (draftline.sources.read_first_turns)
+            check_sources([raw], regenerate_enabled=True, on_bad_row="stop")
+        except (PromptError, ValueError) as error:
+            raise PlanningError(f"evaluate.prompt_sets.{name}: {error}") from None
+
+
+# ---------------------------------------------------------------- target, device, resources
+
+
+def _resolve_target(config: dict, workdir: Path) -> tuple[TargetSpec, dict]:
+    """The target and its identity. A local target's files are hashed once per file version, with a
+    progress line when that is big, and the hashes kept for every run folder of the user."""
+    block = config["target"]
+    target = resolve_target(block["model"], name=block["name"], chat_template=block["chat_template"],
+                            repo_root=workdir, revision=block["revision"])  # fmt: skip
+    cache = SharedHashCache(HASH_CACHE)
+    local = local_target_files(target, workdir)
+    if local is not None:
+        cache.hash_ahead(local[1], f"the target folder {local[0]}", say)
+    identity = target_identity(target, workdir, cache)
+    cache.save()
+    return target, identity
+
+
+def planned_line(config: dict, device: str, resolved: dict, cluster_executor: str | None) -> str:
+    """The device and the settings resolved for it, as the plan prints them."""
+    where = f"; the jobs run on the {cluster_executor} executor's nodes" if cluster_executor else ""
+    settings = sorted({**resolved["engine"], **resolved["train"]}.items())
+    return f"planned for {device} (device: {config['device']}{where}): " + ", ".join(
+        f"{k} {v}" for k, v in settings if k != "device"
+    )
+
+
+def gpu_overrides(settings: dict) -> dict[str, int | str | None]:
+    """{rule: the `gpu` a profile or --set-resources sets (a Resource in Snakemake 9, or a plain
+    value)} as plain values: an int, None when unset, the text of an expression only the job knows
+    (e.g. "2 * attempt")."""
+    out = {}
+    for rule, gpu in settings.items():
+        value = getattr(gpu, "value", gpu)
+        try:
+            out[rule] = None if value in (None, "") else int(value)
+        except (TypeError, ValueError):
+            out[rule] = str(value)
+    return out
+
+
+def check_gpu_overrides(gpu_overrides: dict, vllm_ranks: int) -> None:
+    """A rule that loads the target in vLLM asks for one GPU per rank itself; a profile must not."""
+    for step in VLLM_RULES:
+        gpus = gpu_overrides.get(step)
+        if gpus not in (None, vllm_ranks):
+            raise PlanningError(
+                f"the profile (or --set-resources) gives rule {step} gpu={gpus}, but vLLM splits "
+                f"the target over target.tensor_parallel_size x pipeline_parallel_size = {vllm_ranks} GPUs and "
+                f"the rule asks for that many itself; remove `gpu` under {step} in the profile"
+            )
+
+
+def sort_keys(value):
+    if isinstance(value, dict):
+        return {k: sort_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [sort_keys(v) for v in value]
+    return value
+
+
+def fidelity_settings(config: dict) -> FidelitySettings:
+    """hidden_states.fidelity with its `auto` bar resolved for where the answers come from: a param
+    that decides no staleness (a FidelitySettings object: Snakemake compares only plain values), as
+    the bar gates a shard's publishing, it is not what the states are; so a new bar reruns no
+    published shard, and a shard that failed reruns under it reusing its staged files."""
+    block = config["hidden_states"]["fidelity"]
+    bar, basis = resolve_min_top1(
+        block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
+    )
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
+
+
+# ---------------------------------------------------------------- disk use and sizing
+
+
+def _shards_done(config: dict, shards: tuple[int, ...]) -> bool:
+    """Every shard extracted, in the configured format (a shard without a readable manifest: the
+    job decides)."""
+
+    def same_format(folder: Path) -> bool:
+        try:
+            return manifest_format(read_manifest(folder)) == config["hidden_states"]["format"]
+        except (OSError, ValueError):
+            return True
+
+    folders = [Path(f"results/hidden_states/shard_{shard}") for shard in shards]
+    return all(folder.exists() and same_format(folder) for folder in folders)
+
+
+def extracted_layers(setting) -> int:
+    """How many layers extraction captures: results/target/layer_ids.json's once the layer_ids rule
+    ran, else as configured (`auto`: speculators' three aux layers, draftline.layers, + the last)."""
+    try:
+        return len(layer_ids_file.read(LAYER_IDS).extracted)
+    except ValueError:  # not yet (or not readable)
+        return (3 if setting == "auto" else len(setting)) + 1
+
+
+def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
+    """While shards are still to extract (or in another format): print each stage's expected disk
+    use for the chosen format and mode (from the tokenized summary, or before tokenization an
+    upper bound from the prompt count x tokenize.max_seq_len) and hold an offline run to
+    hidden_states.max_disk_gb, which may have changed since the rule ran (the limit is not a
+    param, so changing it re-extracts nothing). `planned_rows()`: sizing.planned_training_rows."""
+    hs = config["hidden_states"]
+    mode = hs.get("mode", "offline")  # online: no shard files
+    if (mode != "online" and _shards_done(config, plan.shards)) or plan.target_shape is None:
+        return
+    hidden, n_layers, dtype = plan.target_shape.hidden_size, extracted_layers(hs["layer_ids"]), plan.resolved["engine"]["dtype"]
+    max_seq_len = config["tokenize"]["max_seq_len"]
+    est = parse_time_estimate(TOKENIZED_SUMMARY, hidden, n_layers, dtype, hs["format"])
+    source = f"from {TOKENIZED_SUMMARY}"
+    if est is None:
+        rows = planned_rows()[0]
+        if rows is None:
+            return
+        est = upper_bound_estimate(rows, max_seq_len, hidden, n_layers, dtype, hs["format"])
+        source = f"before tokenization: {rows:,} training prompts x tokenize.max_seq_len {max_seq_len}"
+    total_seq_len = config["train"]["total_seq_len"] if "mode" in hs else None  # the online working set
+    for line in plan_lines(est, mode=mode, total_seq_len=total_seq_len, source=source,
+                           release_after_training=hs["release_after_training"]):  # fmt: skip
+        say(line)
+    if mode == "online":
+        return
+    limit = hs["max_disk_gb"]
+    try:
+        lengths = row_lengths(TOKENIZED_DATASET) if limit is not None and not est.get("upper_bound") else None
+        check_limit(est, limit, lengths=lengths, max_seq_len=max_seq_len, total_seq_len=total_seq_len)
+    except DiskLimitError as error:
+        if not est.get("upper_bound"):
+            raise PlanningError(str(error)) from None
+        say(f"warning: the hidden states may exceed hidden_states.max_disk_gb = {limit} (an upper "
+            "bound before tokenization; checked exactly after tokenization, before any extraction)")  # fmt: skip
+
+
+def sizing_line(config: dict, plan: Plan, planned_rows: tuple[int | None, str | None]) -> str:
+    """GPU-hours per stage and hidden-state bytes for this config, from the prompt count and the
+    configured lengths (draftline.sizing, docs/sizing.md), with the rates the preflight measured
+    for this plan where it ran (results/preflight/report.json)."""
+    from draftline.artifacts.preflight import REPORT, measured_rates
+    from draftline.sizing import for_config
+
+    measured = measured_rates(REPORT, plan.preflight_plan)
+    return for_config(config, plan.target.kind, plan.target.config_folder, plan.device, plan.train_gpus,
+                      planned_rows, measured, plan.target.name)  # fmt: skip

