@@ -151,7 +151,8 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
             out = run([draftline, "snakemake", "-n", "results/checkpoint/final", "--workflow-profile",
                        f"profiles/{profile}", f"--configfile=config/presets/{preset}.yaml"], work, env)  # fmt: skip
             text = out.stdout + out.stderr
-            assert "draftline: planned for cuda (device: cuda)" in text, text[-3000:]
+            # the profile keeps the default device (auto): jobs on the Slurm executor's nodes plan cuda
+            assert "draftline: planned for cuda (device: auto; the jobs run on the slurm executor's nodes)" in text, text[-3000:]
             # the estimate, from the real config.json, named after the model (not the snapshot's commit)
             config = yaml.safe_load((REPO / "config/presets" / f"{preset}.yaml").read_text())
             held_out = config["prompts"]["validation"] + config["prompts"]["test"]
