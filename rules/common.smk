@@ -19,6 +19,7 @@ sys.path.insert(0, str(SRC))
 
 from draftline.checks import ConfigError, check_config, target_shape  # noqa: E402
 from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor  # noqa: E402
+from draftline.engine import EngineSettingsError, engine_settings, output_settings  # noqa: E402
 from draftline.disk import (  # noqa: E402
     DiskLimitError,
     check_limit,
@@ -195,6 +196,24 @@ def vllm_parallel():
     """A param of the rules that load the target in vLLM: the split changes the order of float
     reductions (answers and hidden states can differ in the last bits), so a change reruns them."""
     return {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
+
+
+try:  # the one vLLM engine settings object of the plan (the `vllm:` block, target.*, RESOLVED)
+    ENGINE = engine_settings(config, RESOLVED["engine"])
+except EngineSettingsError as error:
+    raise WorkflowError(str(error)) from None
+
+
+def vllm_engine(without=()):
+    """Params of a rule that loads the target in vLLM: `engine`, the EngineSettings its script
+    hands on as it is (an object, which Snakemake skips: speed-only settings rerun nothing),
+    `engine_outputs`, its fields that can change outputs (plain values that decide staleness;
+    `without` those the stage does not use), and `planned`: device and dtype (a job elsewhere stops)."""
+    return dict(
+        engine=ENGINE,
+        engine_outputs=output_settings(ENGINE, without),
+        planned={k: v for k, v in RESOLVED["engine"].items() if k != "enforce_eager"},
+    )
 
 
 def extraction_parallel():
