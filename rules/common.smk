@@ -205,7 +205,7 @@ except EngineSettingsError as error:
 
 
 def vllm_engine(without=()):
-    """Params of a rule that loads the target in vLLM: `engine`, the EngineSettings its script
+    """The params every vLLM job gets. `engine`, the EngineSettings its script
     hands on as it is (an object, which Snakemake skips: speed-only settings rerun nothing),
     `engine_outputs`, its fields that can change outputs (plain values that decide staleness;
     `without` those the stage does not use), and `planned`: device and dtype (a job elsewhere stops)."""
