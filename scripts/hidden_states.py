@@ -1,8 +1,8 @@
 """Extract one shard of target hidden states with the configured backend (see draftline.hidden_states)."""
 
-from draftline.devices import claim_gpus
 from dataclasses import replace
 
+from draftline.devices import claim_gpus
 from draftline.hidden_states import extract_shard
 from draftline.logs import log_to
 from draftline.plan import check_job_environment

@@ -1,9 +1,9 @@
 """Preflight, hidden-state part: the regenerated rows through the extraction stage, then the
 fidelity check (see draftline.preflight)."""
 
-from draftline.devices import claim_gpus
 from dataclasses import replace
 
+from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.preflight import run_hidden_states
 
