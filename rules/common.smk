@@ -449,6 +449,7 @@ PREFLIGHT_PLAN = dict(
     engine=RESOLVED["engine"],
     parallel=vllm_parallel(),
     versions=versions("vllm", "torch", "transformers"),
+    vllm=config["vllm"],  # memory share, batch size, expert parallel...: they change the rates
 )
 
 

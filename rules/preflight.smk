@@ -18,6 +18,8 @@ PREFLIGHT_TARGET = dict(
     target_dir=TARGET_PATH,
     # the run's engine settings (one object), device and dtype as planned
     **vllm_engine(),
+    # all of them, speed-only ones too: the preflight checks that the engine starts and measures its rates
+    vllm=config["vllm"],
     parallel=vllm_parallel(),
     versions=versions("vllm", "torch", "transformers"),
     trust_remote_code=config["target"]["trust_remote_code"],
