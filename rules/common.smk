@@ -15,6 +15,7 @@ sys.path.insert(0, str(SRC))
 
 from draftline import planning  # noqa: E402
 from draftline.cluster import snakemake_executor  # noqa: E402
+from draftline.engine import output_settings  # noqa: E402
 from draftline.plan import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
@@ -40,6 +41,7 @@ TARGET_PATH, VERIFIER_NAME, DEVICE, RESOLVED = Path(TARGET_DIR), PLAN.verifier_n
 # Trainer's and the online server's; every GPU rule for one node (sbatch --nodes=1), as vLLM's ranks
 # and torchrun's processes start on the job's node only (docs/cluster.md).
 VLLM_RANKS, TRAIN_GPUS, ONE_NODE, PREFLIGHT_PLAN = PLAN.vllm_ranks, PLAN.default_train_gpus, 1, PLAN.preflight_plan
+ENGINE = PLAN.engine  # the one vLLM engine settings object of the plan (the `vllm:` block, target.*)
 
 
 onstart:
@@ -56,6 +58,18 @@ def vllm_parallel():
     """A param of the rules that load the target in vLLM: the split changes the order of float
     reductions (answers and hidden states can differ in the last bits), so a change reruns them."""
     return dict(PLAN.vllm_parallel)
+
+
+def vllm_engine(without=()):
+    """The params every vLLM job gets. `engine`, the EngineSettings its script
+    hands on as it is (an object, which Snakemake skips: speed-only settings rerun nothing),
+    `engine_outputs`, its fields that can change outputs (plain values that decide staleness;
+    `without` those the stage does not use), and `planned`: device and dtype (a job elsewhere stops)."""
+    return dict(
+        engine=ENGINE,
+        engine_outputs=output_settings(ENGINE, without),
+        planned={k: v for k, v in RESOLVED["engine"].items() if k != "enforce_eager"},
+    )
 
 
 def extraction_parallel():

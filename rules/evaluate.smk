@@ -42,11 +42,11 @@ rule evaluate:
         seed=config["evaluate"]["seed"],
         # as configured (name -> path relative to the working folder); the files are inputs
         prompt_sets=config["evaluate"]["prompt_sets"],
-        max_model_len=config["tokenize"]["max_seq_len"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
-        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
-        planned=RESOLVED["engine"],
+        # the engine settings (one object; engine_outputs: those that can change outputs; device
+        # and dtype as planned: a job elsewhere stops)
+        **vllm_engine(),
         # how vLLM splits the target (a change reruns: float reductions change)
         parallel=vllm_parallel(),
         versions=versions("vllm", "speculators", "torch", "transformers"),

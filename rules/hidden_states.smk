@@ -31,8 +31,9 @@ rule hidden_states_shard:
         num_shards=config["hidden_states"]["shards"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
-        # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
-        planned=RESOLVED["engine"],
+        # the engine settings (one object; engine_outputs: those that can change the states; device
+        # and dtype as planned). The engine's context is the longest row's, not vllm.max_model_len.
+        **vllm_engine(without=("max_model_len",)),
         # how vLLM splits the target (a change re-extracts: float reductions change)
         parallel=extraction_parallel(),
         versions=versions("vllm", "torch", "transformers"),

@@ -16,15 +16,17 @@ localrules:
 PREFLIGHT_TARGET = dict(
     target=TARGET_IDENTITY,
     target_dir=TARGET_PATH,
-    # device, dtype and eager mode as planned, and the pinned versions
-    planned=RESOLVED["engine"],
+    # the run's engine settings (one object), device and dtype as planned
+    **vllm_engine(),
+    # all of them, speed-only ones too: the preflight checks that the engine starts and measures its rates
+    vllm=config["vllm"],
     parallel=vllm_parallel(),
     versions=versions("vllm", "torch", "transformers"),
     trust_remote_code=config["target"]["trust_remote_code"],
 )
 # Where the answers' settings come from (as regenerate_shard and evaluate have them).
 PREFLIGHT_DECODING = dict(
-    max_model_len=config["tokenize"]["max_seq_len"],
+    max_seq_len=config["tokenize"]["max_seq_len"],
     chat_template=config["target"]["chat_template"],
     chat_template_kwargs=config["target"]["chat_template_kwargs"],
     evaluate={k: config["evaluate"][k] for k in ("max_new_tokens", "num_speculative_tokens", "seed")},
@@ -101,7 +103,7 @@ rule preflight_hidden_states:
         nodes=ONE_NODE,
     params:
         code=code("preflight", script="preflight_hidden_states"),
-        **{**PREFLIGHT_TARGET, "parallel": extraction_parallel()},
+        **{**PREFLIGHT_TARGET, "parallel": extraction_parallel(), **vllm_engine(without=("max_model_len",))},
         backend=config["hidden_states"]["backend"],
         format=config["hidden_states"]["format"],
         # the run's fidelity bar (hidden_states.fidelity.min_top1, `auto` resolved as for the shards)

@@ -14,11 +14,11 @@ REGENERATE_ANSWERS = dict(
     temperature=config["regenerate"]["temperature"],
     top_p=config["regenerate"]["top_p"],
     seed=config["regenerate"]["seed"],
-    # prompt + answer must fit what tokenize keeps, so no generated token is cut later
-    max_model_len=config["tokenize"]["max_seq_len"],
     target=TARGET_IDENTITY,
-    # device, dtype and eager mode as planned (a job elsewhere stops), and the pinned versions
-    planned=RESOLVED["engine"],
+    # the vLLM settings that can change answers (engine_outputs: max_model_len, prompt + answer,
+    # is tokenize.max_seq_len unless vllm.max_model_len, so no generated token is cut later), and
+    # device and dtype as planned (a job elsewhere stops)
+    **{k: v for k, v in vllm_engine().items() if k != "engine"},
     # how vLLM splits the target (a change reruns: float reductions change)
     parallel=vllm_parallel(),
     versions=versions("vllm", "torch", "transformers"),
@@ -76,6 +76,8 @@ rule regenerate_shard:
         num_shards=config["regenerate"]["shards"],
         chunk_conversations=config["regenerate"]["chunk_conversations"],
         target_dir=TARGET_PATH,
+        # the one engine settings object (not compared: its output fields are engine_outputs)
+        engine=ENGINE,
     script:
         "../scripts/regenerate.py"
 

@@ -49,11 +49,15 @@ rule train:
         # checkpoint stays as it is when they change)
         hidden_states=(
             {"mode": "online", "server_gpus": config["hidden_states"]["online_server_gpus"],
-             "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"]}
+             "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"],
+             # the server's vLLM settings that can change the states (its context is max_seq_len + 1)
+             "engine": output_settings(ENGINE, without=("max_model_len",))}
             if ONLINE else {"mode": "offline"}
         ),
         # online: checked on rows the server makes before the Trainer starts (offline: in the shards);
         # not part of staleness (fidelity_settings)
         fidelity=fidelity_settings(),
+        # the online server's vLLM settings (one object, not compared: see hidden_states above)
+        engine=ENGINE,
     script:
         "../scripts/train.py"

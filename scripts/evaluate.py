@@ -27,19 +27,15 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         },
         {"trained": snakemake.input.draft, "untrained": snakemake.output.untrained},
         snakemake.output.acceptance,
-        EvaluateSettings(
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+            EvaluateSettings,
             num_speculative_tokens=snakemake.params.num_speculative_tokens,
             max_new_tokens=snakemake.params.max_new_tokens,
             max_prompts=snakemake.params.max_prompts,
             seed=snakemake.params.seed,
-            max_model_len=snakemake.params.max_model_len,
-            dtype=snakemake.params.planned["dtype"],
-            enforce_eager=snakemake.params.planned["enforce_eager"],
             chat_template=snakemake.params.chat_template,
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
-            trust_remote_code=snakemake.params.trust_remote_code,
             threads=snakemake.threads,
-            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
         ),
     )
     write_provenance(snakemake)  # results/eval/provenance.json

@@ -1,7 +1,8 @@
 """Extract one shard of target hidden states with the configured backend (see draftline.hidden_states)."""
 
+from dataclasses import replace
+
 from draftline.devices import claim_gpus
-from draftline.engine import EngineSettings
 from draftline.hidden_states import extract_shard
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
@@ -18,13 +19,7 @@ if __name__ == "__main__":
         int(snakemake.wildcards.shard),
         snakemake.params.num_shards,
         snakemake.output[0],
-        EngineSettings(
-            dtype=snakemake.params.planned["dtype"],
-            enforce_eager=snakemake.params.planned["enforce_eager"],
-            trust_remote_code=snakemake.params.trust_remote_code,
-            threads=snakemake.threads,
-            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
-        ),
+        replace(snakemake.params.engine, threads=snakemake.threads),  # the run's vLLM settings, the job's threads
         backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
         rows_per_call=snakemake.params.chunk_rows,
         format=snakemake.params.format,  # hidden_states.format: full or fp8

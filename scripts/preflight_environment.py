@@ -14,11 +14,11 @@ if __name__ == "__main__":
     run_environment(
         str(snakemake.params.target_dir),
         snakemake.output[0],
-        EnvironmentPlan(
+        EnvironmentPlan.for_engine(
+            snakemake.params.engine,  # the run's vLLM settings (parallel sizes, memory share)
             planned=snakemake.params.planned,
             versions=snakemake.params.versions,
             setting=snakemake.config["device"],  # device: auto/cpu/cuda as configured (not a param)
-            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
         ),
         claim_error=claim_error,
         trust_remote_code=snakemake.params.trust_remote_code,

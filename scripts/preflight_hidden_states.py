@@ -1,8 +1,9 @@
 """Preflight, hidden-state part: the regenerated rows through the extraction stage, then the
 fidelity check (see draftline.preflight)."""
 
+from dataclasses import replace
+
 from draftline.devices import claim_gpus
-from draftline.engine import EngineSettings
 from draftline.logs import log_to
 from draftline.preflight import run_hidden_states
 
@@ -15,13 +16,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         snakemake.input.regenerate,
         snakemake.input.layer_ids,
         snakemake.output[0],
-        EngineSettings(
-            dtype=p.planned["dtype"],
-            enforce_eager=p.planned["enforce_eager"],
-            trust_remote_code=p.trust_remote_code,
-            threads=snakemake.threads,
-            **p.parallel,  # target.tensor/pipeline_parallel_size (as hidden_states_shard: none for transformers)
-        ),
+        replace(p.engine, threads=snakemake.threads),  # the run's vLLM settings, the job's threads
         backend=p.backend,
         format=p.format,
         fidelity_min_top1=p.fidelity_min_top1,

@@ -12,40 +12,34 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     p = snakemake.params
-    engine = dict(
-        max_model_len=p.max_model_len,
-        dtype=p.planned["dtype"],
-        enforce_eager=p.planned["enforce_eager"],
-        trust_remote_code=p.trust_remote_code,
-        threads=snakemake.threads,
-        **p.parallel,  # target.tensor/pipeline_parallel_size
-    )
-    template = dict(chat_template=p.chat_template, chat_template_kwargs=p.chat_template_kwargs)
+    # the run's vLLM settings (draftline.engine.engine_settings) with the job's threads
+    template = dict(chat_template=p.chat_template, chat_template_kwargs=p.chat_template_kwargs, threads=snakemake.threads)
     run_regenerate(
         str(p.target_dir),
         snakemake.input.prompts,
         snakemake.input.environment,
         snakemake.output[0],
-        RegenerateSettings(
+        p.engine.stage(
+            RegenerateSettings,
             max_new_tokens=p.regenerate["max_new_tokens"],
             temperature=p.regenerate["temperature"],
             top_p=p.regenerate["top_p"],
             seed=p.regenerate["seed"],
             **template,
-            **engine,
         ),
-        EvaluateSettings(
+        p.engine.stage(
+            EvaluateSettings,
             num_speculative_tokens=p.evaluate["num_speculative_tokens"],
             max_new_tokens=p.evaluate["max_new_tokens"],
             seed=p.evaluate["seed"],
             **template,
-            **engine,
         ),
         TokenizeSettings(
-            max_seq_len=p.max_model_len,
+            max_seq_len=p.max_seq_len,
             min_trainable_tokens=p.min_trainable_tokens,
             trust_remote_code=p.trust_remote_code,
-            **template,
+            chat_template=p.chat_template,
+            chat_template_kwargs=p.chat_template_kwargs,
         ),
         PreflightSettings(**p.preflight),
         regenerate_enabled=p.regenerate["enabled"],

@@ -15,18 +15,14 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         snakemake.input.regenerate,
         snakemake.input.config,
         snakemake.output[0],
-        EvaluateSettings(
+        p.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+            EvaluateSettings,
             num_speculative_tokens=p.evaluate["num_speculative_tokens"],
             max_new_tokens=p.evaluate["max_new_tokens"],
             seed=p.evaluate["seed"],
-            max_model_len=p.max_model_len,
-            dtype=p.planned["dtype"],
-            enforce_eager=p.planned["enforce_eager"],
             chat_template=p.chat_template,
             chat_template_kwargs=p.chat_template_kwargs,
-            trust_remote_code=p.trust_remote_code,
             threads=snakemake.threads,
-            **p.parallel,  # target.tensor/pipeline_parallel_size
         ),
         draft_vocab_size=p.draft_vocab_size,
         trust_remote_code=p.trust_remote_code,

@@ -17,19 +17,15 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         int(snakemake.wildcards.shard),
         snakemake.params.num_shards,
         snakemake.output[0],
-        RegenerateSettings(
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+            RegenerateSettings,
             max_new_tokens=snakemake.params.max_new_tokens,
             temperature=snakemake.params.temperature,
             top_p=snakemake.params.top_p,
             seed=snakemake.params.seed,
-            max_model_len=snakemake.params.max_model_len,
-            dtype=snakemake.params.planned["dtype"],
             chat_template=snakemake.params.chat_template,
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
-            trust_remote_code=snakemake.params.trust_remote_code,
-            enforce_eager=snakemake.params.planned["enforce_eager"],
             threads=snakemake.threads,
-            **snakemake.params.parallel,  # target.tensor/pipeline_parallel_size
             chunk_conversations=snakemake.params.chunk_conversations,
         ),
     )

@@ -20,6 +20,7 @@ if __name__ == "__main__":
              "ready_timeout_s": snakemake.config["hidden_states"]["online_server_timeout_s"],
              "max_skipped_samples": snakemake.config["hidden_states"]["online_max_skipped_samples"],
              "server_log": snakemake.log.server,
+             "engine": snakemake.params.engine,  # the run's vLLM settings, as every vLLM job's
              "fidelity": snakemake.params.fidelity}  # hidden_states.fidelity, its bar resolved
             if online else {}
         ),

@@ -55,6 +55,7 @@ def test_shipped_config_fits_the_embedded_target():
         ({"tokenize": {"max_seq_len": 1025}}, "tokenize.max_seq_len", r"1025 .*maximum of 1024 .*at most 1024"),
         ({"hidden_states": {"shards": 5}, "prompts": {"max_samples": 4}}, "hidden_states.shards", r"prompts.max_samples = 4"),
         ({"hidden_states": {"mode": "online", "format": "fp8"}}, "hidden_states.format", r"fp8 .*mode = online.*stores none"),
+        ({"vllm": {"max_model_len": 512}}, "vllm.max_model_len", r"512 is above tokenize.max_seq_len = 256.*at most 256"),
     ],
 )
 def test_config_beyond_the_target_names_the_key(changes, key, hint):
@@ -91,6 +92,17 @@ def test_parallel_sizes_vllm_cannot_run_stop_at_parse_time(target, backend, devi
     shape = TargetShape(8, 128, 512, 1024, "tiny", num_attention_heads=2, num_key_value_heads=2)
     with pytest.raises(ConfigError, match=message):
         check_config(small(target=target, hidden_states={"backend": backend}), shape, device)
+
+
+def test_the_online_server_takes_the_gpus_of_the_runs_vllm_split():
+    """On CUDA the online server loads the target split as every vLLM job (target.tensor_parallel_size):
+    its GPU count must be that split's."""
+    online = {"mode": "online", "online_server_gpus": 1}
+    shape = TargetShape(8, 128, 512, 1024, "tiny", 2, 2)
+    with pytest.raises(ConfigError, match=r"^hidden_states.online_server_gpus = 1, .* = 2 GPU\(s\): set hidden_states.online_server_gpus: 2"):
+        check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cuda")
+    check_config(small(target={"tensor_parallel_size": 2}, hidden_states={**online, "online_server_gpus": 2}), shape, "cuda")
+    check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cpu")  # CPU: threads, not GPUs
 
 
 def test_parallel_sizes_vllm_can_run():

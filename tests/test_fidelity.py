@@ -312,14 +312,15 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
     from datasets import Dataset
 
     from draftline.backends.vllm_server import ServerSettings, VllmServer
+    from draftline.engine import EngineSettings
     from draftline.train import HiddenStateSource, TrainInputs, check_online_fidelity
 
     rng = random.Random(0)
     noise = [[rng.randrange(1, 500) for _ in range(len(ids))] for ids, _ in tiny.rows]
     Dataset.from_dict({"input_ids": noise, "loss_mask": [m for _, m in tiny.rows],
                        "seq_len": list(map(len, noise))}).save_to_disk(str(tmp_path / "noise"))  # fmt: skip
-    settings = ServerSettings(target_dir=str(tiny.target), extracted=tuple(tiny.extracted), max_model_len=256,
-                              dtype="float32", enforce_eager=True, cuda=False)  # fmt: skip
+    settings = ServerSettings(target_dir=str(tiny.target), extracted=tuple(tiny.extracted), cuda=False,
+                              engine=EngineSettings(max_model_len=256, dtype="float32", enforce_eager=True, threads=1))  # fmt: skip
     greedy = FidelitySettings(rows=3, min_top1=AUTO_MIN_TOP1_GREEDY, basis="auto: greedy regenerated answers")
     source = HiddenStateSource(mode="online", server_log=str(tmp_path / "server.log"), fidelity=greedy)
 

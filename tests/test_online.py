@@ -25,6 +25,7 @@ from draftline.backends import vllm_server
 from draftline.backends.vllm_server import (
     ServerError, ServerSettings, VllmServer, _group_alive, server_command, server_env,
 )
+from draftline.engine import EngineSettings, engine_settings
 from draftline.plan import resolved_settings
 from draftline.train import check_world_size, split_devices, split_threads
 
@@ -49,7 +50,7 @@ def test_the_gpu_split_gives_the_server_the_first_devices_and_the_trainer_the_re
 
 
 def test_the_server_command_and_environment_follow_the_device():
-    cpu = ServerSettings("/m", (2, 4, 8), 257, "float32", True, cuda=False, threads=3)
+    cpu = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "float32", enforce_eager=True, threads=3), cuda=False)
     command = server_command(cpu, 4321, "/scratch")
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
@@ -59,11 +60,55 @@ def test_the_server_command_and_environment_follow_the_device():
     assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
     assert "--enforce-eager" in command and "--gpu-memory-utilization" not in command
     assert server_env(cpu, None)["OMP_NUM_THREADS"] == "3"
-    cuda = ServerSettings("/m", (2, 4, 8), 257, "bfloat16", False, cuda=True, tensor_parallel_size=2)
+    cuda = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "bfloat16", enforce_eager=False, tensor_parallel_size=2),
+                          cuda=True)  # fmt: skip
     command = server_command(cuda, 4321, "/scratch")
     assert json.loads(command[command.index("--kv-transfer-config") + 1])["kv_connector"] == "ExampleHiddenStatesConnector"
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert "--no-enforce-eager" in command and command[command.index("--gpu-memory-utilization") + 1] == "0.85"
     assert server_env(cuda, ["2", "3"])["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def _parsed(command: list[str]):
+    """The server's command line as vLLM's own API server parses it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser()).parse_args(command[3:])
+
+
+def test_the_online_server_loads_the_target_with_the_runs_vllm_settings(monkeypatch):
+    """The server gets the settings every vLLM job gets (the `vllm:` block, target.tensor_parallel_size,
+    the seed), engine_args included, as flags vLLM's own parser reads back; no memory share, KV
+    cache size or seed of its own."""
+    config = {
+        "target": {"trust_remote_code": False, "tensor_parallel_size": 2, "pipeline_parallel_size": 1},
+        "tokenize": {"max_seq_len": 512},
+        "vllm": {"gpu_memory_utilization": 0.7, "max_num_seqs": 64, "kv_cache_dtype": "fp8", "quantization": "fp8",
+                 "enable_expert_parallel": True, "cpu_kv_cache_gib": 5,
+                 "engine_args": {"block_size": 32, "max_num_batched_tokens": 4096}},
+    }  # fmt: skip
+    engine = engine_settings(config, {"device": "cuda", "dtype": "bfloat16", "enforce_eager": False})
+    from dataclasses import replace
+
+    cuda = ServerSettings("/m", (2, 4, 8), replace(engine, max_model_len=513, threads=1), cuda=True)
+    args = _parsed(server_command(cuda, 4321, "/scratch"))
+    assert (args.model, args.port, args.max_model_len, args.tensor_parallel_size) == ("/m", 4321, 513, 2)
+    assert (args.gpu_memory_utilization, args.max_num_seqs, args.kv_cache_dtype, args.quantization) == (0.7, 64, "fp8", "fp8")
+    assert args.enable_expert_parallel is True and args.enforce_eager is False and args.seed == 0
+    assert (args.block_size, args.max_num_batched_tokens) == (32, 4096)
+    assert args.enable_prefix_caching is False
+    # on CPU: the KV cache size of vllm.cpu_kv_cache_gib, and the 2 ranks bound to cores of their own
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cpu = ServerSettings("/m", (2, 4, 8), replace(engine, enable_expert_parallel=False, threads=2), cuda=False)
+    env = server_env(cpu, None)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "5" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "--gpu-memory-utilization" not in server_command(cpu, 4321, "/scratch")
+    # what decides the states (the run key) leaves out what only changes speed or memory
+    assert cpu.key() == replace(cpu, engine=replace(cpu.engine, max_num_seqs=8, gpu_memory_utilization=0.5)).key()
+    assert cpu.key() != replace(cpu, engine=replace(cpu.engine, kv_cache_dtype="auto")).key()
 
 
 # A stand-in for vLLM's API server: answers /v1/models with its name; binds the way vLLM does
@@ -89,7 +134,7 @@ class Models(http.server.BaseHTTPRequestHandler):
 
 http.server.HTTPServer(("127.0.0.1", port), Models).serve_forever()
 """
-SETTINGS = ServerSettings("/m", (2, 4, 8), 257, "float32", True, cuda=False)
+SETTINGS = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "float32", enforce_eager=True, threads=1), cuda=False)
 
 
 def _served_name(endpoint: str) -> str:

@@ -133,6 +133,31 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
     assert text.startswith("no sizing estimate before the first job: the target's config.json is not in "), text
 
 
+def test_the_moe_recipe_runs_expert_parallel_and_its_sizing_says_so(tmp_path):
+    """config/presets/moe_235b.yaml sets vllm.enable_expert_parallel; the sizing line of an MoE
+    target on CUDA says whether it is on, and that its rates do not model it."""
+    import json
+
+    from snakemake.utils import validate
+
+    from draftline import sizing
+
+    recipe = yaml.safe_load((REPO / "config/presets/moe_235b.yaml").read_text())
+    assert recipe["vllm"]["enable_expert_parallel"] is True
+    target = tmp_path / "moe"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 512, "vocab_size": 1000, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128}))  # fmt: skip
+    config = {"vllm": {"enable_expert_parallel": True}}
+    validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
+    text = sizing.for_config(config, "local", target, "cuda", 1, (100, None), target_name="tiny-moe")
+    assert "MoE with expert parallelism on (vllm.enable_expert_parallel)" in text, text
+    config["vllm"]["enable_expert_parallel"] = False
+    assert "expert parallelism off" in sizing.for_config(config, "local", target, "cuda", 1, (100, None))
+
+
 def _recipe_workdir(workdir, preset, model, **changes):
     """`preset` with the tiny model as its target and the shipped prompts in `workdir`."""
     config = yaml.safe_load((REPO / "config/presets" / f"{preset}.yaml").read_text())

@@ -290,6 +290,39 @@ def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_ru
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
 
 
+@pytest.mark.parametrize("change, rerun", [
+    # speed and memory only: nothing reruns (the engine object is a param Snakemake skips)
+    ({"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "enforce_eager": False, "cpu_kv_cache_gib": 3}, {}),
+    # can change answers and states: regeneration, extraction, evaluation and what follows
+    ({"kv_cache_dtype": "fp8"}, {**REGENERATION, **AFTER_TOKENIZE}),
+    ({"quantization": "fp8"}, {**REGENERATION, **AFTER_TOKENIZE}),
+    ({"engine_args": {"block_size": 32}}, {**REGENERATION, **AFTER_TOKENIZE}),
+])  # fmt: skip
+def test_vllm_speed_settings_rerun_nothing_and_output_settings_rerun_the_vllm_stages(code_run, change, rerun):
+    repo, workdir = code_run
+    config = workdir / "config.yaml"
+    before = config.read_text()
+    edit_config(workdir, vllm=change)
+    try:
+        assert planned_jobs(workdir, TARGET, repo=repo) == rerun
+    finally:
+        config.write_text(before)
+    assert planned_jobs(workdir, TARGET, repo=repo) == {}
+
+
+def test_expert_parallel_on_cpu_stops_the_plan_naming_the_key(code_run):
+    repo, workdir = code_run
+    config = workdir / "config.yaml"
+    before = config.read_text()
+    edit_config(workdir, vllm={"enable_expert_parallel": True})
+    try:
+        stopped = snakemake(workdir, "-n", TARGET, repo=repo, check=False)
+    finally:
+        config.write_text(before)
+    assert stopped.returncode != 0
+    assert "vllm.enable_expert_parallel: true is refused on CPU" in stopped.stderr + stopped.stdout
+
+
 def test_code_closure_follows_imports():
     from draftline.plan import module_closure
 

@@ -87,6 +87,21 @@ def check_config(config: dict, shape: TargetShape | None, device: str | None = N
             "offline hidden-state files are stored, and online mode stores none (its server's files are "
             "read once and deleted); drop hidden_states.format, or set hidden_states.mode: offline"
         )
+    ranks = config["target"].get("tensor_parallel_size", 1) * config["target"].get("pipeline_parallel_size", 1)
+    if hs.get("mode") == "online" and device == "cuda" and hs.get("online_server_gpus", 1) != ranks:
+        raise ConfigError(
+            f"hidden_states.online_server_gpus = {hs['online_server_gpus']}, but the online server loads the "
+            "target as every vLLM engine of the run does, split over target.tensor_parallel_size x "
+            f"pipeline_parallel_size = {ranks} GPU(s): set hidden_states.online_server_gpus: {ranks} (or change "
+            "target.tensor_parallel_size)"
+        )
+    engine_len, max_seq_len = (config.get("vllm") or {}).get("max_model_len"), config["tokenize"]["max_seq_len"]
+    if engine_len is not None and engine_len > max_seq_len and config.get("regenerate", {}).get("enabled", True):
+        raise ConfigError(
+            f"vllm.max_model_len = {engine_len} is above tokenize.max_seq_len = {max_seq_len}: regeneration would "
+            "write answers that tokenization then cuts (and trains on cut conversations); set vllm.max_model_len "
+            f"to at most {max_seq_len}, or null (= tokenize.max_seq_len)"
+        )
     shards, max_samples = hs["shards"], config["prompts"]["max_samples"]
     if max_samples is not None and shards > max_samples:
         raise ConfigError(

@@ -9,10 +9,11 @@ apart; a stage adds only what is its own (a speculative config, a KV connector) 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from draftline.config_schema import default
 
@@ -49,7 +50,9 @@ def enforce_eager_for(requested: bool | str | None, cuda: bool) -> bool:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How a stage loads the target in vLLM (the stages' settings extend this)."""
+    """How every vLLM engine loads the target (the `vllm:` config block with target.* and the
+    plan's resolved dtype and eager mode); the stages' settings extend this. Built once per plan
+    by `engine_settings`, passed to the jobs as one param and handed on as it is."""
 
     max_model_len: int = default("tokenize", "max_seq_len")  # prompt + answer must fit
     dtype: str = default("target", "dtype")
@@ -60,10 +63,117 @@ class EngineSettings:
     # target.*_parallel_size: one vLLM rank (a GPU, or a CPU worker process) per tp x pp
     tensor_parallel_size: int = default("target", "tensor_parallel_size")
     pipeline_parallel_size: int = default("target", "pipeline_parallel_size")
+    # vllm.*: None = vLLM's own default (gpu_memory_utilization: the stage's, see target_llm)
+    gpu_memory_utilization: float | None = default("vllm", "gpu_memory_utilization")
+    max_num_seqs: int | None = default("vllm", "max_num_seqs")
+    enable_expert_parallel: bool = default("vllm", "enable_expert_parallel")
+    quantization: str | None = default("vllm", "quantization")
+    kv_cache_dtype: str = default("vllm", "kv_cache_dtype")
+    cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
+    engine_args: dict = field(default_factory=dict)  # vllm.engine_args, passed through
 
     @property
     def ranks(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def stage(self, cls, **own):
+        """These settings as a stage's settings `cls` (a subclass: RegenerateSettings,
+        EvaluateSettings) with the stage's own fields (and e.g. the job's threads)."""
+        return cls(**{**{f.name: getattr(self, f.name) for f in fields(EngineSettings)}, **own})
+
+
+# The vllm.* keys that can change what the engine computes (they decide staleness); the others
+# (gpu_memory_utilization, max_num_seqs, enable_expert_parallel, enforce_eager, cpu_kv_cache_gib)
+# change only speed or memory. engine_args counts whole: draftline cannot tell what a key does.
+OUTPUT_FIELDS = ("quantization", "kv_cache_dtype", "max_model_len", "engine_args")
+# vLLM arguments draftline sets itself (from target.*, the plan, or the stage): not in engine_args
+OWN_ARGS = {
+    "model": "target.model", "tokenizer": "target.model", "revision": "target.revision",
+    "dtype": "target.dtype", "trust_remote_code": "target.trust_remote_code",
+    "tensor_parallel_size": "target.tensor_parallel_size", "pipeline_parallel_size": "target.pipeline_parallel_size",
+    "seed": "regenerate.seed / evaluate.seed", "speculative_config": "evaluate (the draft) and extraction",
+    "kv_transfer_config": "hidden-state extraction", "enable_prefix_caching": "hidden-state extraction",
+    "disable_log_stats": "evaluation's counters",
+}  # fmt: skip
+
+
+# vllm.* keys with a setting of their own (not to be passed again through engine_args)
+VLLM_KEYS = ("gpu_memory_utilization", "max_num_seqs", "max_model_len", "enable_expert_parallel", "quantization",
+             "kv_cache_dtype", "enforce_eager")  # fmt: skip
+
+
+class EngineSettingsError(ValueError):
+    """A `vllm:` setting that cannot apply; the message names the key and what to do."""
+
+
+def engine_settings(config: dict, resolved: dict) -> EngineSettings:
+    """The one EngineSettings of a plan: the validated config's `vllm:` block and target.* with
+    the dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
+    block, target = config.get("vllm") or {}, config["target"]
+    # sorted (nested too), so a reordered config is the same param
+    engine_args = json.loads(json.dumps(block.get("engine_args") or {}, sort_keys=True))
+    for key in sorted(engine_args):
+        own = f"vllm.{key}" if key in VLLM_KEYS else OWN_ARGS.get(key)
+        if own:
+            raise EngineSettingsError(
+                f"vllm.engine_args.{key}: draftline sets this vLLM argument itself (from {own}); "
+                f"remove it from vllm.engine_args" + (f" and set {own}" if own.startswith(("vllm.", "target.")) else "")
+            )
+    if block.get("enable_expert_parallel") and resolved.get("device") == "cpu":
+        raise EngineSettingsError(
+            "vllm.enable_expert_parallel: true is refused on CPU (the vLLM CPU build crashes with it: "
+            "SIGSEGV in cpu_fused_moe); set it to false, or plan for CUDA (device: cuda)"
+        )
+    max_model_len = block.get("max_model_len") or config["tokenize"]["max_seq_len"]
+    return EngineSettings(
+        max_model_len=max_model_len,
+        dtype=resolved["dtype"],
+        trust_remote_code=target["trust_remote_code"],
+        enforce_eager=resolved["enforce_eager"],
+        tensor_parallel_size=target["tensor_parallel_size"],
+        pipeline_parallel_size=target["pipeline_parallel_size"],
+        gpu_memory_utilization=block.get("gpu_memory_utilization", default("vllm", "gpu_memory_utilization")),
+        max_num_seqs=block.get("max_num_seqs", default("vllm", "max_num_seqs")),
+        enable_expert_parallel=block.get("enable_expert_parallel", default("vllm", "enable_expert_parallel")),
+        quantization=block.get("quantization", default("vllm", "quantization")),
+        kv_cache_dtype=block.get("kv_cache_dtype", default("vllm", "kv_cache_dtype")),
+        cpu_kv_cache_gib=block.get("cpu_kv_cache_gib", default("vllm", "cpu_kv_cache_gib")),
+        engine_args=engine_args,
+    )
+
+
+def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> dict:
+    """The fields of `settings` that can change outputs, as plain values (a param that decides
+    staleness); `without` leaves out fields a stage does not use (extraction: max_model_len)."""
+    return {key: getattr(settings, key) for key in OUTPUT_FIELDS if key not in without}
+
+
+def engine_kwargs(settings: EngineSettings, cuda: bool, gpu_memory_utilization: float | None = None) -> dict:
+    """The vLLM engine arguments `settings` stand for (vllm.LLM keyword arguments; the online
+    server passes the same as flags). `gpu_memory_utilization`: the stage's default when
+    vllm.gpu_memory_utilization is null (None: vLLM's own). A setting left at its default is
+    not passed, so vLLM's own default applies."""
+    kwargs = dict(
+        dtype=dtype_for(settings.dtype, cuda),
+        max_model_len=settings.max_model_len,
+        enforce_eager=enforce_eager_for(settings.enforce_eager, cuda),
+        trust_remote_code=settings.trust_remote_code,
+        seed=settings.seed,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+    )
+    memory = settings.gpu_memory_utilization if settings.gpu_memory_utilization is not None else gpu_memory_utilization
+    if cuda and memory is not None:
+        kwargs["gpu_memory_utilization"] = memory
+    if settings.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = settings.max_num_seqs
+    if settings.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    if settings.quantization is not None:
+        kwargs["quantization"] = settings.quantization
+    if settings.kv_cache_dtype != "auto":
+        kwargs["kv_cache_dtype"] = settings.kv_cache_dtype
+    return {**kwargs, **settings.engine_args}
 
 
 class NotEnoughCores(ValueError):
@@ -115,23 +225,31 @@ def cpu_bind_lists(ranks: int, cores: Collection[int], threads: int | None = Non
 def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None, ranks: int = 1) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 
-    vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB). By default it pins its
-    OpenMP threads to fixed cores, so two jobs running side by side (two hidden-state shards
-    on one machine) would share one core; instead, one rank leaves placement to the OS and
-    runs exactly `threads` threads. Several ranks (tensor/pipeline parallel: one worker process
-    each) must be bound: each gets its own cores out of those this process may use
-    (`cpu_bind_lists`). Values the user set in the environment win.
+    vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB, vllm.cpu_kv_cache_gib). By
+    default it pins its OpenMP threads to fixed cores, so two jobs running side by side (two
+    hidden-state shards on one machine) would share one core; instead, one rank leaves placement
+    to the OS and runs exactly `threads` threads. Several ranks (tensor/pipeline parallel: one
+    worker process each) must be bound: each gets its own cores out of those this process may
+    use (`cpu_bind_lists`). Values the user set in the environment win.
     """
     if has_cuda():
         return
-    _set_env("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib or 2))
+    for key, value in vllm_cpu_env(threads, kv_cache_gib, ranks, user_bind=_users(BIND)).items():
+        _set_env(key, value)
+
+
+def vllm_cpu_env(threads: int | None, kv_cache_gib: int | None, ranks: int = 1, user_bind: bool = False) -> dict:
+    """The vLLM CPU variables (None: unset) for an engine of `ranks` ranks: an in-process engine's
+    (configure_vllm_cpu) and the online server's process alike."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib or default("vllm", "cpu_kv_cache_gib")))}
     if ranks > 1:
-        if not _users(BIND):
-            _set_env(BIND, cpu_bind_lists(ranks, os.sched_getaffinity(0), threads))
-        _set_env("OMP_NUM_THREADS", None)  # vLLM sets each rank's from its core list
+        if not user_bind:
+            env[BIND] = cpu_bind_lists(ranks, os.sched_getaffinity(0), threads)
+        env["OMP_NUM_THREADS"] = None  # vLLM sets each rank's from its core list
     else:
-        _set_env(BIND, "nobind" if threads else None)
-        _set_env("OMP_NUM_THREADS", str(threads) if threads else None)
+        env[BIND] = "nobind" if threads else None
+        env["OMP_NUM_THREADS"] = str(threads) if threads else None
+    return env
 
 
 def target_llm(
@@ -141,25 +259,13 @@ def target_llm(
     gpu_memory_utilization: float | None = None,
     **engine_args,
 ):
-    """The target in a vLLM engine, loaded with `settings`; `engine_args` (a speculative config,
-    a KV connector, stats) go to `vllm.LLM` as they are."""
-    configure_vllm_cpu(settings.threads, ranks=settings.ranks)
+    """The target in a vLLM engine, loaded with `settings` (engine_kwargs);
+    `gpu_memory_utilization` is the stage's default for a null vllm.gpu_memory_utilization;
+    `engine_args` (a speculative config, a KV connector, stats) go to `vllm.LLM` as they are."""
+    configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks)
     from vllm import LLM
 
-    cuda = has_cuda()
-    if cuda and gpu_memory_utilization is not None:
-        engine_args["gpu_memory_utilization"] = gpu_memory_utilization
-    return LLM(
-        model=str(target_dir),
-        dtype=dtype_for(settings.dtype, cuda),
-        max_model_len=settings.max_model_len,
-        enforce_eager=enforce_eager_for(settings.enforce_eager, cuda),
-        trust_remote_code=settings.trust_remote_code,
-        seed=settings.seed,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        pipeline_parallel_size=settings.pipeline_parallel_size,
-        **engine_args,
-    )
+    return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), gpu_memory_utilization), **engine_args)
 
 
 def shutdown(llm) -> None:

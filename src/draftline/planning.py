@@ -25,6 +25,7 @@ from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.checks import ConfigError, TargetShape, check_config, target_shape
 from draftline.cluster import cluster_device, jobs_leave_this_machine
 from draftline.disk import DiskLimitError, check_limit, parse_time_estimate, plan_lines, row_lengths, upper_bound_estimate
+from draftline.engine import EngineSettings, EngineSettingsError, engine_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.plan import PlanError, pinned_versions, resolved_settings
 from draftline.sizing import planned_training_rows
@@ -76,6 +77,7 @@ class Plan:
     target_shape: TargetShape | None
     fidelity: FidelitySettings
     preflight_plan: dict  # what a preflight's rates were measured under
+    engine: EngineSettings  # the one vLLM engine settings object every vLLM job and the online server get
 
     @property
     def target_dir(self) -> str:
@@ -119,6 +121,10 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     except ConfigError as error:
         raise PlanningError(str(error)) from None
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
+    try:  # the `vllm:` block, target.* and the resolved engine settings, once
+        engine = engine_settings(config, resolved["engine"])
+    except EngineSettingsError as error:
+        raise PlanningError(str(error)) from None
     the_plan = Plan(
         target=target, target_identity=identity,
         verifier_name=config["target"]["verifier_name"] or (target.source if target.kind == "hub" else target.name),
@@ -126,7 +132,9 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         default_train_gpus=default_train_gpus, train_gpus=train_gpus, vllm_ranks=vllm_ranks, vllm_parallel=parallel,
         shards=tuple(range(hs["shards"])), target_shape=shape, fidelity=fidelity_settings(config),
         preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
-                            versions=pinned_versions(repo, device, ("vllm", "torch", "transformers"))),
+                            versions=pinned_versions(repo, device, ("vllm", "torch", "transformers")),
+                            vllm=config["vllm"]),  # memory share, batch size, expert parallel...: they change the rates
+        engine=engine,
     )  # fmt: skip
     planned_rows = functools.cache(lambda: planned_training_rows(config, PROMPTS_SUMMARY))  # counted once
     hidden_state_disk_use(config, the_plan, planned_rows)

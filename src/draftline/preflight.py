@@ -118,12 +118,24 @@ def _skip_all(names: list[str], why: str) -> list[Check]:
 class EnvironmentPlan:
     """What the run planned for its vLLM jobs (the params of the preflight rules)."""
 
-    planned: dict  # device, dtype, enforce_eager (rules/common.smk RESOLVED["engine"])
+    planned: dict  # device, dtype (rules/common.smk RESOLVED["engine"])
     versions: dict  # the pins of the packages the stages use
     setting: str = "auto"  # the config's `device`
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
+
+    @classmethod
+    def for_engine(cls, engine, **plan) -> EnvironmentPlan:
+        """The plan for jobs that load the target with `engine` (draftline.engine.EngineSettings)."""
+        return cls(
+            tensor_parallel_size=engine.tensor_parallel_size,
+            pipeline_parallel_size=engine.pipeline_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
+            cpu_kv_cache_gib=engine.cpu_kv_cache_gib,
+            **plan,
+        )
 
     @property
     def ranks(self) -> int:
@@ -367,7 +379,7 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
     if env.device != "cuda":
         if node.host_available is None:
             return not_run(HOST_MEMORY, "this node does not say its available memory (/proc/meminfo)")
-        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")) * GIB * env.ranks
+        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", env.cpu_kv_cache_gib)) * GIB * env.ranks
         need = (weights or 0) + kv
         said = (f"{node.host_available / GIB:.1f} GiB available; the target in {dtype} takes "
                 f"{(weights or 0) / 1e9:.2f} GB plus {kv / GIB:.0f} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)")  # fmt: skip

@@ -76,7 +76,13 @@ def provenance_dir(outputs: list[str]) -> Path:
 
 
 def _json_safe(value):
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """`value` as JSON: a settings object (the engine settings, the fidelity bar) as its fields."""
+    from dataclasses import asdict, is_dataclass
+
+    def plain(v):
+        return asdict(v) if is_dataclass(v) and not isinstance(v, type) else str(v)
+
+    return json.loads(json.dumps(value, sort_keys=True, default=plain))
 
 
 def fingerprint(path: str | Path, limit: int = HASH_LIMIT) -> dict:

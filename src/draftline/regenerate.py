@@ -74,8 +74,8 @@ SHARD_SUMMARY = "summary.json"
 
 @dataclass(frozen=True)
 class RegenerateSettings(EngineSettings):
-    """The `regenerate:` config block; `max_model_len` is tokenize.max_seq_len, so nothing
-    generated is cut later."""
+    """The `regenerate:` config block on the run's engine settings; `max_model_len` is
+    tokenize.max_seq_len unless vllm.max_model_len, so nothing generated is cut later."""
 
     max_new_tokens: int = default("regenerate", "max_new_tokens")
     temperature: float = default("regenerate", "temperature")
@@ -321,7 +321,8 @@ def regenerate(
         answered += done
     rows = [a.row for a in answered if a.row is not None]
     if not rows:
-        raise ValueError(f"no conversation fits max_model_len={settings.max_model_len} (tokenize.max_seq_len); raise it")
+        raise ValueError(f"no conversation fits max_model_len={settings.max_model_len} (vllm.max_model_len, by default "
+                         "tokenize.max_seq_len); raise it")  # fmt: skip
     conversation_file.write(out_conversations, rows)
     stats = _sum_stats(a.stats for a in answered)
     stats["seconds"] = round(time.monotonic() - progress.started, 1)
@@ -630,8 +631,9 @@ def merge_shards(
         raise ValueError(f"the shards cover {expected_start} conversations, {settings_path} has {answer['prompts']['rows']}")
     stats = _sum_stats(summaries)
     if not stats["rows_out"]:
-        max_model_len = answer["answers"].get("max_model_len")
-        raise ValueError(f"no conversation fits max_model_len={max_model_len} (tokenize.max_seq_len); raise it")
+        max_model_len = answer["answers"].get("engine_outputs", {}).get("max_model_len")
+        raise ValueError(f"no conversation fits max_model_len={max_model_len} (vllm.max_model_len, by default "
+                         "tokenize.max_seq_len); raise it")  # fmt: skip
 
     def rows() -> Iterator[dict]:
         for folder, s in zip(map(Path, shard_dirs), summaries, strict=True):

@@ -302,6 +302,10 @@ def for_config(config: dict, target_kind: str, target_dir: str | Path, device: s
     text = describe(estimate(shape, plan, device, rates))
     if rates is None:
         text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
+    if shape.experts and device == "cuda":
+        on = (config.get("vllm") or {}).get("enable_expert_parallel")
+        text += (f"; MoE with expert parallelism {'on' if on else 'off'} (vllm.enable_expert_parallel), which the "
+                 "assumed rates do not model (docs/cluster.md)")  # fmt: skip
     return text
 
 

@@ -45,6 +45,7 @@ from draftline.artifacts.hidden_states import TRAINER_BACKEND, file_name, read_m
 from draftline.atomic import atomic_dir, atomic_file
 from draftline.config_schema import default
 from draftline.content_hash import digest, fingerprint
+from draftline.engine import EngineSettings
 from draftline.plan import resolve_num_workers, resolve_optimizer
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,9 @@ class HiddenStateSource:
     max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
     # online: rows asked from the server and checked before the Trainer starts (draftline.fidelity)
     fidelity: fidelity.FidelitySettings = fidelity.FidelitySettings()
+    # online: the run's vLLM settings, which the server loads the target with (None: the defaults
+    # with `dtype`)
+    engine: EngineSettings | None = None
 
     @property
     def online(self) -> bool:
@@ -537,7 +541,6 @@ def train(
     import torch
 
     from draftline.devices import visible_gpus
-    from draftline.engine import dtype_for, enforce_eager_for
 
     cuda = torch.cuda.is_available() and gpus > 0
     if gpus > 0 and not torch.cuda.is_available():
@@ -557,16 +560,13 @@ def train(
             log.info("online hidden states on CPU: server %d thread(s), Trainer %d", server_threads, trainer_threads)
         from draftline.backends.vllm_server import ServerSettings
 
+        engine = source.engine or EngineSettings(dtype=source.dtype, trust_remote_code=trust_remote_code)
         server = ServerSettings(
             target_dir=str(inputs.target),
             extracted=tuple(layer_ids.read(inputs.layer_ids).extracted),
-            max_model_len=source.max_seq_len + 1,  # the row plus the one generated token
-            dtype=dtype_for(source.dtype, cuda),
-            enforce_eager=enforce_eager_for("auto", cuda),
+            # the run's vLLM settings; the context: the row plus the one generated token
+            engine=replace(engine, max_model_len=source.max_seq_len + 1, threads=server_threads),
             cuda=cuda,
-            threads=server_threads,
-            tensor_parallel_size=len(server_devices) if server_devices else 1,
-            trust_remote_code=trust_remote_code,
         )
     world_size = (len(trainer_devices) if trainer_devices else min(gpus, torch.cuda.device_count())) if cuda else 1
     optimizer = resolve_optimizer(settings.optimizer, cuda)
@@ -575,11 +575,8 @@ def train(
         log.warning("train.fsdp is set but training runs on the CPU: ignored (FSDP shards across GPUs)")
     fsdp = settings.fsdp and cuda
     facts = check_inputs(inputs, server.dtype if server else None)
-    # what decides the server's states (its thread count, memory and port do not)
-    server_key = (
-        {k: v for k, v in server.record().items() if k not in ("threads", "gpu_memory_utilization", "kv_cache_gib")}
-        if server else None
-    )  # fmt: skip
+    # what decides the server's states (its thread count, memory, eager mode and port do not)
+    server_key = server.key() if server else None
     fingerprints = input_fingerprints(inputs, server_key)
     key = run_key(replace(settings, fsdp=fsdp), optimizer, world_size, fingerprints)
     run_dir = Path(runs_dir) / key

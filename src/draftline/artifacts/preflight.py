@@ -150,7 +150,7 @@ def measured_rates(path: str | Path, plan: dict) -> tuple[dict | None, str]:
     except (OSError, ValueError, KeyError, TypeError):
         return None, f"{path} is unreadable"
     if _canonical(made_under) != _canonical(plan):
-        return None, (f"{path} was measured for another target, device, dtype, parallel split or versions "
+        return None, (f"{path} was measured for another target, device, dtype, parallel split, vllm: settings or versions "
                       "(run `preflight` again to measure this plan)")  # fmt: skip
     rates = {k: float(measured[k]) for k in RATES if isinstance(measured.get(k), int | float) and measured[k] > 0}
     if not rates:

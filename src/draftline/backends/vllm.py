@@ -34,6 +34,9 @@ CUDA_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's stock connector
 CPU_FP8_CONNECTOR = "CPUFP8HiddenStatesConnector"
 CUDA_FP8_CONNECTOR = "FP8HiddenStatesConnector"
 CUDA_FP8_CONNECTOR_MODULE = "hs_connectors.fp8_hidden_states_connector"
+# The GPU share an extraction engine (and the online server) takes when vllm.gpu_memory_utilization
+# is null: less than vLLM's 0.9, leaving room for the connector's copies of the states.
+GPU_MEMORY_UTILIZATION = 0.85
 
 
 def connector(format: str = "full", cuda: bool | None = None) -> dict:
@@ -174,7 +177,7 @@ class VllmBackend:
         t0 = time.perf_counter()
         llm = target_llm(
             request.target_dir, settings, enable_prefix_caching=False,
-            gpu_memory_utilization=request.options.get("gpu_memory_utilization", 0.85),
+            gpu_memory_utilization=request.options.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
             **extraction_engine_kwargs(request.extracted, scratch, request.format),
         )  # fmt: skip
         load_s = time.perf_counter() - t0

@@ -34,8 +34,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from draftline.engine import BIND, EngineSettings, dtype_for, engine_kwargs, output_settings, vllm_cpu_env
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +47,55 @@ PORT_ATTEMPTS = 3
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How the server loads the target (provenance records these in place of shard files)."""
+    """How the server loads the target: the run's vLLM settings (`engine`, the one object every
+    vLLM job gets), with the context of a row plus one token and the server's own threads."""
 
     target_dir: str
     extracted: tuple[int, ...]  # vLLM layer ids: the aux layers and the last one
-    max_model_len: int
-    dtype: str
-    enforce_eager: bool
+    engine: EngineSettings  # max_model_len: the longest row + 1; threads: the server's (CPU)
     cuda: bool
-    threads: int = 1  # CPU: torch threads of the engine
-    tensor_parallel_size: int = 1  # CUDA: one rank per server GPU
-    trust_remote_code: bool = False
-    seed: int = 0
-    gpu_memory_utilization: float = 0.85
-    kv_cache_gib: int = 2  # CPU: VLLM_CPU_KVCACHE_SPACE
+
+    @property
+    def dtype(self) -> str:
+        return dtype_for(self.engine.dtype, self.cuda)
+
+    def engine_kwargs(self) -> dict:
+        """The engine arguments the server runs with (as an in-process extraction engine's)."""
+        from draftline.backends.vllm import GPU_MEMORY_UTILIZATION
+
+        return engine_kwargs(self.engine, self.cuda, GPU_MEMORY_UTILIZATION)
 
     def record(self) -> dict:
-        """What decides the states (and what provenance shows): everything but the folder path."""
-        out = asdict(self)
-        out.pop("target_dir")
-        out["extracted"] = list(self.extracted)
-        return out
+        """What provenance shows: the engine arguments, the layers, the device and threads."""
+        return {**self.engine_kwargs(), "extracted": list(self.extracted), "cuda": self.cuda,
+                "threads": self.engine.threads, "cpu_kv_cache_gib": self.engine.cpu_kv_cache_gib}  # fmt: skip
+
+    def key(self) -> dict:
+        """What decides the states (the run key's part): not the speed-only settings."""
+        e = self.engine
+        return {"extracted": list(self.extracted), "dtype": self.dtype, "max_model_len": e.max_model_len,
+                "seed": e.seed, "tensor_parallel_size": e.tensor_parallel_size,
+                "pipeline_parallel_size": e.pipeline_parallel_size, "trust_remote_code": e.trust_remote_code,
+                **output_settings(e)}  # fmt: skip
+
+
+def cli_flags(kwargs: dict) -> list[str]:
+    """Engine keyword arguments as vLLM's command-line flags: --max-model-len 257, a bool as
+    --flag / --no-flag, a mapping as JSON, a list as its values."""
+    flags = []
+    for key, value in kwargs.items():
+        name = key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, dict):
+            flags += [f"--{name}", json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            flags += [f"--{name}", *map(str, value)]
+        else:
+            flags += [f"--{name}", str(value)]
+    return flags
 
 
 def free_port() -> int:
@@ -95,22 +125,17 @@ def server_command(settings: ServerSettings, port: int, storage_dir: str | Path)
         # the served name is the path the Trainer passes as --verifier-name-or-path (it checks them equal)
         "--model", settings.target_dir,
         "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", settings.dtype,
-        "--max-model-len", str(settings.max_model_len),
-        "--seed", str(settings.seed),
-        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        # the run's vLLM settings, as every in-process engine gets them (engine.engine_kwargs)
+        *cli_flags(settings.engine_kwargs()),
         "--no-enable-prefix-caching",  # every row is computed (as in backends.vllm)
         "--speculative-config", json.dumps(speculative),
         "--kv-transfer-config", json.dumps(transfer),
-        *(["--enforce-eager"] if settings.enforce_eager else []),
-        *(["--trust-remote-code"] if settings.trust_remote_code else []),
-        *(["--gpu-memory-utilization", str(settings.gpu_memory_utilization)] if settings.cuda else []),
     ]  # fmt: skip
 
 
 def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
-    """The server's environment: its GPUs on CUDA; on CPU its KV cache size and thread count
-    without core binding (as `engine.configure_vllm_cpu` sets them for an in-process engine)."""
+    """The server's environment: its GPUs on CUDA; on CPU its KV cache size, thread count and
+    core binding (as `engine.configure_vllm_cpu` sets them for an in-process engine)."""
     import draftline
 
     env = dict(os.environ)
@@ -121,9 +146,16 @@ def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     else:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        env["OMP_NUM_THREADS"] = str(settings.threads)
+        # vllm.cpu_kv_cache_gib and the core binding as for an in-process engine; the thread count
+        # is the server's share of the job's (a KV cache size or binding the user set wins)
+        e = settings.engine
+        for key, value in vllm_cpu_env(e.threads, e.cpu_kv_cache_gib, e.ranks, user_bind=BIND in env).items():
+            if key != "OMP_NUM_THREADS" and key in env:
+                continue
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
     return env
 
 
