@@ -293,7 +293,8 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     # republishes, and removes the first run's folder.
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}), TrainJob(root / "runs", final, threads=1))
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}),
+              TrainJob(root / "runs", final, threads=1))  # fmt: skip
     assert [p.name for p in (root / "runs").iterdir()] == [provenance["run_key"]]
     assert f"removed the earlier run {old_run}" in caplog.text
 
