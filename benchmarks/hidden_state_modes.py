@@ -55,15 +55,15 @@ print("RESULT " + json.dumps(manifest))
 TRAIN = r'''
 import json, sys
 from pathlib import Path
-from draftline.train import HiddenStateSource, TrainInputs, TrainSettings, train
+from draftline.train import HiddenStateSource, TrainInputs, TrainJob, TrainSettings, train
 spec = json.loads(sys.argv[1])
 source = (HiddenStateSource(mode="online", max_seq_len=spec["max_seq_len"], dtype="float32",
                             server_log=spec["server_log"]) if spec["mode"] == "online" else HiddenStateSource())
 final = train(TrainInputs(config_dir=Path(spec["config"]), dataset=Path(spec["dataset"]),
                           hidden_states=Path(spec["view"]) if spec["view"] else None, d2t=Path(spec["d2t"]),
                           t2d=Path(spec["t2d"]), layer_ids=Path(spec["layer_ids"]), target=spec["target"]),
-              TrainSettings.from_config(spec["train"]), runs_dir=spec["runs"], final_dir=spec["final"],
-              threads=2, gpus=0, source=source)
+              TrainSettings.from_config(spec["train"]), TrainJob(runs_dir=spec["runs"], final_dir=spec["final"],
+              threads=2, gpus=0), source=source)
 print("RESULT " + (final / "draftline_provenance.json").read_text().replace("\n", " "))
 '''
 

@@ -3,7 +3,7 @@
 from draftline.devices import claim_gpus
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.train import HiddenStateSource, TrainInputs, TrainSettings, check_world_size, train
+from draftline.train import HiddenStateSource, TrainInputs, TrainJob, TrainSettings, check_world_size, train
 from draftline.logs import log_to
 
 if __name__ == "__main__":
@@ -39,14 +39,16 @@ if __name__ == "__main__":
         TrainSettings.from_config(
             {**snakemake.params.train, **{k: snakemake.params.planned[k] for k in ("optimizer", "num_workers")}}
         ),
-        runs_dir=snakemake.params.runs_dir,
-        final_dir=snakemake.output[0],
-        threads=snakemake.threads,
-        # GPUs the job was given (one torchrun process each, less the online server's); 0 or no CUDA -> CPU
-        gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0)),
-                              hidden.get("server_gpus", 0) if online else 0),
-        trust_remote_code=snakemake.params.trust_remote_code,
-        verifier_name=snakemake.params.verifier_name,  # what final/config.json names as the target
+        TrainJob(
+            runs_dir=snakemake.params.runs_dir,
+            final_dir=snakemake.output[0],
+            threads=snakemake.threads,
+            # GPUs the job was given (one torchrun process each, less the online server's); 0 or no CUDA -> CPU
+            gpus=check_world_size(snakemake.params.planned, int(snakemake.resources.get("gpu", 0)),
+                                  hidden.get("server_gpus", 0) if online else 0),
+            trust_remote_code=snakemake.params.trust_remote_code,
+            verifier_name=snakemake.params.verifier_name,  # what final/config.json names as the target
+        ),
         source=source,
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

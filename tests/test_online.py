@@ -438,7 +438,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     import sys
 
     from draftline.summary import build_summary, to_markdown
-    from draftline.train import HiddenStateSource, TrainSettings, train
+    from draftline.train import HiddenStateSource, TrainJob, TrainSettings, train
 
     inputs, dataset = online_inputs
     # 16 rows, train_fraction 0.75: rows 0-11 train, 12-15 validate
@@ -462,7 +462,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
                                  server_log=str(tmp_path / "logs/train_vllm_server.log"), max_skipped_samples=allowed)  # fmt: skip
 
     with pytest.raises(RuntimeError) as failed:
-        train(inputs, settings, runs, final, threads=2, source=source(0))
+        train(inputs, settings, TrainJob(runs, final, threads=2), source=source(0))
     message = str(failed.value)
     assert "skipped 2 sample(s) (1 in training, 1 in validation" in message, message
     assert "hidden_states.online_max_skipped_samples is 0" in message
@@ -477,7 +477,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
 
     # allowed: the finished epoch is published as it is (no request: nothing is trained again)
     requests.unlink()
-    train(inputs, settings, runs, final, threads=2, source=source(2))
+    train(inputs, settings, TrainJob(runs, final, threads=2), source=source(2))
     assert not requests.exists()
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     assert provenance["skipped_samples"] == {"total": 2, "training": 1, "validation": 1, "allowed": 2,

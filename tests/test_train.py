@@ -121,10 +121,10 @@ SETTINGS = dict(epochs=2, total_seq_len=256, train_fraction=0.75)
 
 @pytest.fixture(scope="module")
 def trained(train_inputs, tmp_path_factory):
-    from draftline.train import TrainSettings, train
+    from draftline.train import TrainJob, TrainSettings, train
 
     root = tmp_path_factory.mktemp("train-out")
-    final = train(train_inputs, TrainSettings(**SETTINGS), root / "runs", root / "final", threads=1)
+    final = train(train_inputs, TrainSettings(**SETTINGS), TrainJob(root / "runs", root / "final", threads=1))
     return root, final
 
 
@@ -182,14 +182,14 @@ def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplo
     import logging
     import shutil
 
-    from draftline.train import TrainSettings, train
+    from draftline.train import TrainJob, TrainSettings, train
 
     root, final = trained
     (run_dir,) = (root / "runs").iterdir()
     (run_dir / "1" / "training_state.json").unlink()  # written last: as if killed mid-save
     shutil.rmtree(final)
     with caplog.at_level(logging.INFO):
-        train(train_inputs, TrainSettings(**SETTINGS), root / "runs", final, threads=1)
+        train(train_inputs, TrainSettings(**SETTINGS), TrainJob(root / "runs", final, threads=1))
     text = caplog.text
     assert f"discarding incomplete checkpoint {run_dir / '1'}" in text
     assert "Resuming training on epoch 1." in text  # speculators counts epochs from 0
@@ -211,23 +211,30 @@ def test_run_key_follows_settings_and_inputs():
     assert run_key(TrainSettings(), "adamw", 1, {**inputs, "hidden_states": "c"}) != base
 
 
+def _facts(rows: int, dtype: str = "float32"):
+    """What check_inputs finds for an eagle3 draft reading AUX with a 64-token draft vocabulary."""
+    from draftline.train import InputFacts
+
+    return InputFacts(rows=rows, aux=AUX, draft_vocab_size=64, hidden_states_dtype=dtype)
+
+
 @pytest.mark.parametrize("rows", [2, 3, 7, 10, 240, 1000, 99_999])
 def test_train_fraction_one_keeps_a_single_validation_row(rows, tmp_path):
     """speculators 0.9.0 needs a validation split: 1.0 leaves it one row (ignored)."""
-    from draftline.train import TrainInputs, TrainSettings, speculators_args
+    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
-    args = speculators_args(inputs, TrainSettings(train_fraction=1.0), tmp_path, "float32", "adamw", AUX, rows, 64)
+    args = speculators_args(inputs, TrainSettings(train_fraction=1.0), _facts(rows), TrainerOptions(), tmp_path)
     ratio = float(args[args.index("--train-data-ratio") + 1])
     assert 0 < ratio < 1 and int(rows * ratio) == rows - 1
 
 
 def test_too_few_rows_for_a_split_is_a_clear_error(tmp_path):
-    from draftline.train import TrainInputs, TrainSettings, speculators_args
+    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
     with pytest.raises(ValueError, match="train.train_fraction"):
-        speculators_args(inputs, TrainSettings(train_fraction=0.9), tmp_path, "float32", "adamw", AUX, 1, 64)
+        speculators_args(inputs, TrainSettings(train_fraction=0.9), _facts(1), TrainerOptions(), tmp_path)
 
 
 def test_missing_hidden_states_are_reported_before_training(train_inputs, tmp_path):
@@ -269,13 +276,13 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     folder (every epoch with optimizer state) is removed, unless keep_old_runs is set."""
     import logging
 
-    from draftline.train import TrainSettings, train
+    from draftline.train import TrainJob, TrainSettings, train
 
     root, final = trained
     (old_run,) = (root / "runs").iterdir()
     with caplog.at_level(logging.INFO):
         train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4, "keep_old_runs": True}),
-              root / "runs", final, threads=1)  # fmt: skip
+              TrainJob(root / "runs", final, threads=1))  # fmt: skip
     runs = sorted(p.name for p in (root / "runs").iterdir())
     assert old_run.name in runs and len(runs) == 2
     provenance = json.loads((final / "draftline_provenance.json").read_text())
@@ -286,22 +293,24 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     # republishes, and removes the first run's folder.
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}), root / "runs", final, threads=1)
+        train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}),
+              TrainJob(root / "runs", final, threads=1))  # fmt: skip
     assert [p.name for p in (root / "runs").iterdir()] == [provenance["run_key"]]
     assert f"removed the earlier run {old_run}" in caplog.text
 
 
 def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(tmp_path):
     from draftline.plan import resolve_num_workers
-    from draftline.train import TrainInputs, TrainSettings, run_key, speculators_args
+    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, run_key, speculators_args
 
     assert resolve_num_workers("auto", cuda=False) == 0
     assert resolve_num_workers("auto", cuda=True) > 0
     assert resolve_num_workers(6, cuda=False) == 6
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
-    args = speculators_args(inputs, TrainSettings(), tmp_path, "bfloat16", "muon", AUX, 100, 64, 4, True)
+    args = speculators_args(inputs, TrainSettings(), _facts(100, "bfloat16"),
+                            TrainerOptions(optimizer="muon", num_workers=4, fsdp=True), tmp_path)  # fmt: skip
     assert args[args.index("--num-workers") + 1] == "4" and "--fsdp-shard" in args
-    assert "--fsdp-shard" not in speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
+    assert "--fsdp-shard" not in speculators_args(inputs, TrainSettings(), _facts(100), TrainerOptions(), tmp_path)
     fingerprints = {"dataset": "a"}
     base = run_key(TrainSettings(), "adamw", 1, fingerprints)
     assert run_key(TrainSettings(num_workers=8, keep_old_runs=True), "adamw", 1, fingerprints) == base
@@ -313,11 +322,11 @@ def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
     fails late otherwise): the flag is passed, and speculators' own CLI parser reads it."""
     from speculators.train.config.resolution import build_parser
 
-    from draftline.train import TrainInputs, TrainSettings, speculators_args
+    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
-    allowed = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64, trust_remote_code=True)
-    refused = speculators_args(inputs, TrainSettings(), tmp_path, "float32", "adamw", AUX, 100, 64)
+    allowed = speculators_args(inputs, TrainSettings(), _facts(100), TrainerOptions(trust_remote_code=True), tmp_path)
+    refused = speculators_args(inputs, TrainSettings(), _facts(100), TrainerOptions(), tmp_path)
     assert build_parser().parse_args(allowed).trust_remote_code is True
     assert getattr(build_parser().parse_args(refused), "trust_remote_code", False) is False
 

@@ -33,8 +33,8 @@ def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_
                                 fsdp=fsdp, num_workers=num_workers)
     t0 = time.perf_counter()
     with GpuMemoryPoller() as mem:
-        final = dt.train(train_inputs(work, target), settings, work / name / "runs", work / name / "final",
-                         threads=4, gpus=gpus)
+        final = dt.train(train_inputs(work, target), settings,
+                         dt.TrainJob(work / name / "runs", work / name / "final", threads=4, gpus=gpus))
     wall = time.perf_counter() - t0
     prov = json.loads((final / "draftline_provenance.json").read_text())
     run_dir = Path(prov["run_dir"])
@@ -96,8 +96,7 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
     settings = dt.TrainSettings(epochs=1, total_seq_len=total_seq_len, train_fraction=0.9)
     inputs = train_inputs(work, target)
     facts = dt.check_inputs(inputs)
-    argv = dt.speculators_args(inputs, settings, work / "ref_run", facts["hidden_states_dtype"], "adamw",
-                               facts["aux"], facts["rows"], facts["draft_vocab_size"])
+    argv = dt.speculators_args(inputs, settings, facts, dt.TrainerOptions(optimizer="adamw"), work / "ref_run")
     args = argparse.Namespace(**TrainConfig.resolve(argv).flatten())
     cls = SpeculatorModel.registry["eagle3"]
     d2t, t2d, dvs = cli.parse_vocab_mappings(args)

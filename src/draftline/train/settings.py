@@ -1,0 +1,82 @@
+"""What the train step is given: its settings, its input files, where its hidden states come
+from, and the job it runs as (its folders, threads and GPUs, how it names the target)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftline import fidelity
+from draftline.config_schema import default
+from draftline.engine import EngineSettings
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The `train:` config block (names as in config/schema/config.schema.yaml)."""
+
+    epochs: int = default("train", "epochs")
+    lr: float = default("train", "lr")
+    optimizer: str = default("train", "optimizer")  # auto | adamw | muon
+    total_seq_len: int = default("train", "total_seq_len")
+    train_fraction: float = default("train", "train_fraction")
+    ttt_steps: int = default("train", "ttt_steps")
+    seed: int = default("train", "seed")
+    fsdp: bool = default("train", "fsdp")  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
+    # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
+    num_workers: int | str = default("train", "num_workers")
+    keep_old_runs: bool = default("train", "keep_old_runs")  # keep runs/<key> folders of earlier settings after publishing
+    # resumable checkpoints per epoch as a fraction (speculators' --checkpoint-freq; 1 = epoch ends only)
+    checkpoint_freq: float = default("train", "checkpoint_freq")
+
+    @classmethod
+    def from_config(cls, block: dict) -> TrainSettings:
+        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class TrainInputs:
+    config_dir: Path
+    dataset: Path
+    hidden_states: Path | None  # None in online mode
+    d2t: Path
+    t2d: Path
+    layer_ids: Path
+    target: str
+
+
+@dataclass(frozen=True)
+class HiddenStateSource:
+    """Where the Trainer's hidden states come from (`hidden_states.mode` and the online keys)."""
+
+    mode: str = default("hidden_states", "mode")  # offline | online
+    server_gpus: int = default("hidden_states", "online_server_gpus")
+    ready_timeout_s: float = default("hidden_states", "online_server_timeout_s")
+    max_seq_len: int = default("tokenize", "max_seq_len")  # the server's max_model_len - 1
+    dtype: str = "auto"  # the planned engine dtype
+    server_log: str = "logs/train_vllm_server.log"
+    # samples the Trainer may skip for want of the server's hidden states (0 offline: files are checked)
+    max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
+    # online: rows asked from the server and checked before the Trainer starts (draftline.fidelity)
+    fidelity: fidelity.FidelitySettings = fidelity.FidelitySettings()
+    # online: the run's vLLM settings, which the server loads the target with (None: the defaults
+    # with `dtype`)
+    engine: EngineSettings | None = None
+
+    @property
+    def online(self) -> bool:
+        return self.mode == "online"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """The job training runs as: its folders, what it was given, and how final/ names the target."""
+
+    runs_dir: Path  # one folder per run key (results/checkpoint/runs)
+    final_dir: Path  # the published checkpoint (results/checkpoint/final)
+    threads: int = 1
+    gpus: int = 0  # the job's GPUs (0 or no CUDA: the CPU)
+    trust_remote_code: bool = False  # target.trust_remote_code
+    # replaces the target's local path in final/config.json and its run records (None keeps the path)
+    verifier_name: str | None = None
