@@ -437,6 +437,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     count."""
     import sys
 
+    from draftline.fidelity import FidelitySettings
     from draftline.summary import build_summary, to_markdown
     from draftline.train import HiddenStateSource, TrainJob, TrainSettings, train
 
@@ -458,8 +459,11 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     settings = TrainSettings(epochs=1, total_seq_len=256, train_fraction=0.75, num_workers=0)
 
     def source(allowed: int) -> HiddenStateSource:
+        # no fidelity check before training (rows 0): its sample would ask the failing rows first,
+        # and the stand-in's states are not the target's; only the Trainer's skips are counted here
         return HiddenStateSource(mode="online", ready_timeout_s=60, max_seq_len=256, dtype="float32",
-                                 server_log=str(tmp_path / "logs/train_vllm_server.log"), max_skipped_samples=allowed)  # fmt: skip
+                                 server_log=str(tmp_path / "logs/train_vllm_server.log"), max_skipped_samples=allowed,
+                                 fidelity=FidelitySettings(rows=0))  # fmt: skip
 
     with pytest.raises(RuntimeError) as failed:
         train(inputs, settings, TrainJob(runs, final, threads=2), source=source(0))
