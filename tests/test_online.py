@@ -490,3 +490,35 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     assert summary["training"]["skipped_samples"]["total"] == 2
     assert any("skipped 2 sample(s)" in w and "online_max_skipped_samples allows 2" in w for w in summary["warnings"])
     assert "Samples skipped without hidden states: 2 (1 in training, 1 in validation; 2 allowed)." in to_markdown(summary)
+
+
+@pytest.mark.dag
+def test_a_row_the_server_fails_in_the_fidelity_check_names_the_row_and_the_log(online_inputs, tmp_path, monkeypatch):
+    """The fidelity check before training asks the server for rows as the Trainer would; when the
+    server answers a row without hidden states, the job stops before any training step with the
+    row, what the server answered, and its log (not speculators' bare InvalidResponseError)."""
+    import sys
+
+    from draftline.backends.vllm_server import ServerError
+    from draftline.fidelity import FidelitySettings
+    from draftline.train import HiddenStateSource, TrainJob, TrainSettings, train
+
+    inputs, dataset = online_inputs
+    fail_file, requests = tmp_path / "fail.json", tmp_path / "requests.jsonl"
+    fail_file.write_text(json.dumps([[dataset[2]["input_ids"].tolist(), "no_transfer_params"]]))
+    script = tmp_path / "failing_server.py"
+    script.write_text(FAILING_SERVER)
+    monkeypatch.setattr(vllm_server, "server_command", lambda settings, port, storage: [
+        sys.executable, str(script), str(port), settings.target_dir, str(storage), str(fail_file), str(requests),
+        "128", str(len(settings.extracted))])  # fmt: skip
+    log = tmp_path / "logs/train_vllm_server.log"
+    source = HiddenStateSource(mode="online", ready_timeout_s=60, max_seq_len=256, dtype="float32", server_log=str(log),
+                               fidelity=FidelitySettings(rows=len(dataset), min_top1=0.0))  # every row: row 2 too
+    final = tmp_path / "results/checkpoint/final"
+    with pytest.raises(ServerError) as failed:
+        train(inputs, TrainSettings(epochs=1, total_seq_len=256, train_fraction=0.75, num_workers=0),
+              TrainJob(tmp_path / "results/checkpoint/runs", final, threads=2), source=source)
+    message = str(failed.value)
+    assert "the fidelity check before training" in message and f"(log {log})" in message, message
+    assert "dataset row 2: the server answered without hidden states (Response missing kv_transfer_params)" in message
+    assert not final.exists()

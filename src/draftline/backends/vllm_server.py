@@ -182,7 +182,7 @@ def request_states(endpoint: str, token_ids: dict[int, list[int]], timeout_s: fl
     import openai
     from safetensors.torch import load_file
     from speculators.data_generation.offline import check_hidden_states
-    from speculators.data_generation.vllm_client import generate_hidden_states
+    from speculators.data_generation.vllm_client import InvalidResponseError, generate_hidden_states
 
     from draftline.backends.vllm import _wait_for_write
 
@@ -190,7 +190,11 @@ def request_states(endpoint: str, token_ids: dict[int, list[int]], timeout_s: fl
     model = client.models.list().data[0].id
     out = {}
     for row, ids in token_ids.items():
-        path, _ = generate_hidden_states(client, model, {"input_ids": list(ids)}, timeout=timeout_s)
+        try:
+            path, _ = generate_hidden_states(client, model, {"input_ids": list(ids)}, timeout=timeout_s)
+        except InvalidResponseError as err:  # speculators gives up on the row (its retries spent)
+            raise ServerError(f"dataset row {row}: the server answered without hidden states ({err}); "
+                              "its log says why") from err
         _wait_for_write(path)
         try:
             data = load_file(path)

@@ -69,7 +69,7 @@ def check_online_fidelity(inputs: TrainInputs, endpoint: str, source: HiddenStat
     server is stopped on the way out) before any training step."""
     from datasets import load_from_disk
 
-    from draftline.backends.vllm_server import request_states
+    from draftline.backends.vllm_server import ServerError, request_states
 
     settings = source.fidelity
     if settings.rows <= 0:
@@ -79,7 +79,11 @@ def check_online_fidelity(inputs: TrainInputs, endpoint: str, source: HiddenStat
     sample = fidelity.sample_rows(range(len(dataset)), settings.rows)
     picked = dataset.select(sample).with_format(None)
     ids = dict(zip(sample, picked["input_ids"], strict=True))
-    states = request_states(endpoint, ids, timeout_s=source.ready_timeout_s)
+    try:
+        states = request_states(endpoint, ids, timeout_s=source.ready_timeout_s)
+    except ServerError as err:
+        raise ServerError(f"the fidelity check before training (rows {sample}) asked the online hidden-state "
+                          f"server for {inputs.target}: {err} (log {source.server_log})") from err
     head = fidelity.read_head(inputs.target, trust_remote_code)
     measured = fidelity.measure(
         head, [fidelity.Sample(r, states[r], ids[r], m) for r, m in zip(sample, picked["loss_mask"], strict=True)],
