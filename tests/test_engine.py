@@ -4,6 +4,7 @@ split in tests/test_regenerate.py, test_hidden_states.py and test_evaluate.py)."
 import os
 
 import pytest
+import torch
 
 from draftline import engine
 from draftline.config_schema import SCHEMA
@@ -26,23 +27,34 @@ def test_fewer_cores_than_ranks_names_the_setting():
 
 @pytest.fixture
 def cpu_env(monkeypatch):
-    """A CPU machine with cores {0, 1} and none of the variables set."""
+    """A CPU machine with cores {0, 1} and none of the variables set; the thread counts given to torch."""
     monkeypatch.setattr(engine, "has_cuda", lambda: False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for key in (BIND, "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE"):
+    for key in (BIND, "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE", engine.IN_PROCESS):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(engine, "_set_here", {})
+    threads = []  # what configure_vllm_cpu gave torch.set_num_threads (not this test process's torch)
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    return threads
 
 
 def test_split_engine_after_an_unsplit_one_in_the_same_process(cpu_env):
     configure_vllm_cpu(threads=1)
     assert (os.environ[BIND], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
+    assert os.environ[engine.IN_PROCESS] == "0" and cpu_env == [1]  # the engine core in this process, 1 thread
     configure_vllm_cpu(threads=2, ranks=2)  # replaces what draftline set, not what the user did
     assert os.environ[BIND] == "0|1" and "OMP_NUM_THREADS" not in os.environ
+    assert engine.IN_PROCESS not in os.environ  # vLLM's worker processes, one a rank
     configure_vllm_cpu(threads=1)
     assert (os.environ[BIND], os.environ["OMP_NUM_THREADS"]) == ("nobind", "1")
     configure_vllm_cpu()
-    assert BIND not in os.environ
+    assert BIND not in os.environ and os.environ[engine.IN_PROCESS] == "0"
+
+
+def test_the_users_engine_process_choice_wins(cpu_env, monkeypatch):
+    monkeypatch.setenv(engine.IN_PROCESS, "1")
+    configure_vllm_cpu(threads=1)
+    assert os.environ[engine.IN_PROCESS] == "1" and cpu_env == []  # vLLM's EngineCore process sets its threads
 
 
 def test_the_users_placement_wins(cpu_env, monkeypatch):

@@ -181,6 +181,7 @@ class NotEnoughCores(ValueError):
 
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
+IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core runs in the job's process
 # What configure_vllm_cpu set in this process: a later engine (another parallel size) may
 # replace those values; anything else in the environment was set by the user and wins.
 _set_here: dict[str, str] = {}
@@ -236,6 +237,17 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
         return
     for key, value in vllm_cpu_env(threads, kv_cache_gib, ranks, user_bind=_users(BIND)).items():
         _set_env(key, value)
+    # One rank: the engine core runs in this process (vLLM's uniprocess executor), not in a
+    # spawned EngineCore process that imports torch and vLLM again: 25 s instead of 61 s to load
+    # the embedded default, the same greedy tokens (benchmarks/results/engine_start.md). Several
+    # ranks keep vLLM's worker processes, each bound to its cores.
+    _set_env(IN_PROCESS, "0" if ranks == 1 else None)
+    if ranks == 1 and threads and os.environ.get(IN_PROCESS) == "0":
+        # torch read OMP_NUM_THREADS when it was imported (before this), and vLLM's CPU worker
+        # turns torch.set_num_threads off in its process: set the job's threads now
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def vllm_cpu_env(threads: int | None, kv_cache_gib: int | None, ranks: int = 1, user_bind: bool = False) -> dict:
