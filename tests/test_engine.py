@@ -51,6 +51,12 @@ def test_split_engine_after_an_unsplit_one_in_the_same_process(cpu_env):
     assert BIND not in os.environ and os.environ[engine.IN_PROCESS] == "0"
 
 
+def test_an_engine_whose_connector_needs_its_core_running_keeps_vllms_process(cpu_env):
+    configure_vllm_cpu(threads=1)
+    configure_vllm_cpu(threads=1, in_process=False)  # hidden-state extraction (backends/vllm.py)
+    assert engine.IN_PROCESS not in os.environ and cpu_env == [1]
+
+
 def test_the_users_engine_process_choice_wins(cpu_env, monkeypatch):
     monkeypatch.setenv(engine.IN_PROCESS, "1")
     configure_vllm_cpu(threads=1)

@@ -223,7 +223,8 @@ def cpu_bind_lists(ranks: int, cores: Collection[int], threads: int | None = Non
     return "|".join(",".join(map(str, cores[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
 
 
-def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None, ranks: int = 1) -> None:
+def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None, ranks: int = 1,
+                       in_process: bool = True) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 
     vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB, vllm.cpu_kv_cache_gib). By
@@ -240,9 +241,11 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
     # One rank: the engine core runs in this process (vLLM's uniprocess executor), not in a
     # spawned EngineCore process that imports torch and vLLM again: 25 s instead of 61 s to load
     # the embedded default, the same greedy tokens (benchmarks/results/engine_start.md). Several
-    # ranks keep vLLM's worker processes, each bound to its cores.
-    _set_env(IN_PROCESS, "0" if ranks == 1 else None)
-    if ranks == 1 and threads and os.environ.get(IN_PROCESS) == "0":
+    # ranks keep vLLM's worker processes, each bound to its cores; so does an engine whose KV
+    # connector finishes its work while the caller waits (`in_process=False`: extraction).
+    in_process = in_process and ranks == 1
+    _set_env(IN_PROCESS, "0" if in_process else None)
+    if in_process and threads and os.environ.get(IN_PROCESS) == "0":
         # torch read OMP_NUM_THREADS when it was imported (before this), and vLLM's CPU worker
         # turns torch.set_num_threads off in its process: set the job's threads now
         import torch
@@ -269,12 +272,14 @@ def target_llm(
     settings: EngineSettings,
     *,
     gpu_memory_utilization: float | None = None,
+    in_process: bool = True,
     **engine_args,
 ):
     """The target in a vLLM engine, loaded with `settings` (engine_kwargs);
     `gpu_memory_utilization` is the stage's default for a null vllm.gpu_memory_utilization;
+    `in_process`: on CPU, a one-rank engine's core may run in this process (configure_vllm_cpu);
     `engine_args` (a speculative config, a KV connector, stats) go to `vllm.LLM` as they are."""
-    configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks)
+    configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks, in_process=in_process)
     from vllm import LLM
 
     return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), gpu_memory_utilization), **engine_args)

@@ -175,8 +175,11 @@ class VllmBackend:
         # Room for the prompt plus the one generated token; no prefix caching: every row is computed.
         settings = replace(request.engine, max_model_len=max(len(request.token_ids[r]) for r in request.rows) + 1)
         t0 = time.perf_counter()
+        # in_process=False: the connector finishes writing a row's file (and releases its lock, which
+        # _wait_for_write waits for) in the engine core's next step, so the core must run beside
+        # this process; in this process the last chunk's wait would never end
         llm = target_llm(
-            request.target_dir, settings, enable_prefix_caching=False,
+            request.target_dir, settings, enable_prefix_caching=False, in_process=False,
             gpu_memory_utilization=request.options.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
             **extraction_engine_kwargs(request.extracted, scratch, request.format),
         )  # fmt: skip
