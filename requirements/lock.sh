@@ -33,6 +33,13 @@ if $check; then
   trap 'rm -rf "$OUT"' EXIT
   mkdir -p "$OUT/requirements" "$OUT/envs"
   cp "$ROOT/requirements/gpu.in" "$OUT/requirements/gpu.in"
+  # with the committed locks, which uv keeps as its preferences (as it does writing in place): the
+  # check asks "would running lock.sh change anything", not "is every pin today's newest" (an
+  # index can list a release uploaded before EXCLUDE_NEWER days later: accelerate 1.16.0 did)
+  for py in "${PYTHONS[@]}"; do
+    lock="requirements/gpu-py$py.lock.txt"
+    if [[ -f "$ROOT/$lock" ]]; then cp "$ROOT/$lock" "$OUT/$lock"; fi
+  done
 fi
 cd "$OUT"
 for py in "${PYTHONS[@]}"; do
