@@ -109,8 +109,8 @@ def run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
 def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recipes_for_cuda(tmp_path):
     venv, uv_cache = tmp_path / "gpu-venv", tmp_path / "uv-cache"  # a cache of its own: from nothing, and removed after
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "DRAFTLINE_PYTHON")}
-    # DRAFTLINE_COMPILE_BYTECODE=0: no bytecode for these two builds (+5 min beside the suite); the
-    # GPU list compiles on Python 3.11 (./draftline's default, 5 min on the loaded machine, 2026-12-02)
+    # DRAFTLINE_COMPILE_BYTECODE=0: no bytecode for these two builds, which checks installs, imports and
+    # plans, not speed (with it the test took minutes longer: benchmarks/results/test_suite_time.md)
     env.update(DRAFTLINE_ENV="gpu", DRAFTLINE_VENV=str(venv), UV_CACHE_DIR=str(uv_cache), DRAFTLINE_COMPILE_BYTECODE="0",
                HF_HOME=str(offline_hub_cache(tmp_path / "hf")), HF_HUB_OFFLINE="1")  # fmt: skip
     draftline = str(REPO / "draftline")

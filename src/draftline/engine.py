@@ -239,8 +239,8 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
     for key, value in vllm_cpu_env(threads, kv_cache_gib, ranks, user_bind=_users(BIND)).items():
         _set_env(key, value)
     # One rank: the engine core runs in this process (vLLM's uniprocess executor), not in a
-    # spawned EngineCore process that imports torch and vLLM again: 25 s instead of 61 s to load
-    # the embedded default, the same greedy tokens (benchmarks/results/engine_start.md). Several
+    # spawned EngineCore process that imports torch and vLLM again: about half the start-up, the
+    # same greedy tokens (measured: benchmarks/results/engine_start.md). Several
     # ranks keep vLLM's worker processes, each bound to its cores; so does an engine whose KV
     # connector finishes its work while the caller waits (`in_process=False`: extraction).
     in_process = in_process and ranks == 1
