@@ -103,3 +103,46 @@ def test_summary_lists_rejected_rows_per_source(tmp_path):
     assert "## Prompt sources" in markdown
     assert f"| {scraped} | jsonl | 4 | 1 | 0 | 3 (empty_content: 1, unknown_format: 2) |" in markdown
     assert f"| {clean} | jsonl | 4 | 4 | 0 | 0 |" in markdown
+
+
+LOOP = "Hope this helps. " * 40
+NUMBERED_LOOP = " ".join(f"{i}. **Cherries**" for i in range(1, 60))
+PROSE = (
+    "Photosynthesis is how plants make food. Leaves take in carbon dioxide from the air and water "
+    "from the roots; chlorophyll captures sunlight, which powers reactions that turn these into "
+    "glucose and release oxygen. The glucose feeds growth, is stored as starch, or builds cellulose "
+    "for cell walls. Animals depend on it too: the oxygen we breathe and most of the energy in our "
+    "food began as sunlight caught by a leaf, an alga or a bacterium somewhere in the sea."
+)
+
+
+def test_an_answer_that_loops_is_told_from_one_cut_mid_thought():
+    from draftline.summary import repeats_itself
+
+    assert repeats_itself(LOOP) and repeats_itself(NUMBERED_LOOP)
+    assert not repeats_itself(PROSE)
+    assert not repeats_itself("Paris. " * 10)  # too short to tell: never counted as a loop
+
+
+def test_truncation_warning_counts_answers_cut_mid_thought_not_loops(tmp_path):
+    """Answers cut while looping would not end at any max_new_tokens: the summary counts them
+    apart and warns only when the answers cut mid-thought are more than 20%."""
+    from draftline.summary import build_summary
+
+    def run(cut_prose: int, cut_loops: int):
+        results = tmp_path / f"{cut_prose}-{cut_loops}" / "results"
+        (results / "regenerated").mkdir(parents=True)
+        answers = [{"content": PROSE, "truncated": True}] * cut_prose + [{"content": LOOP, "truncated": True}] * cut_loops
+        answers += [{"content": "Paris."}] * (10 - len(answers))
+        rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", **a}]} for a in answers]
+        (results / "regenerated/conversations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {"turns_generated": 10, "answers_truncated": cut_prose + cut_loops, "settings": {"max_new_tokens": 64}}
+        (results / "regenerated/summary.json").write_text(json.dumps(summary))
+        return build_summary(results, run_name="r", target="t", device="cpu")
+
+    looping = run(cut_prose=1, cut_loops=5)
+    assert looping["truncation"]["answers_cut_repeating"] == 5
+    assert looping["truncation"]["answers_cut_at_max_new_tokens"] == 6
+    assert not any("max_new_tokens" in w for w in looping["warnings"])
+    cut = run(cut_prose=3, cut_loops=1)
+    assert any("30% of the regenerated answers (3 of 10)" in w and "1 more cut while repeating" in w for w in cut["warnings"])

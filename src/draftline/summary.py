@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -25,9 +26,36 @@ from draftline.artifacts.checkpoint import chosen_epoch
 
 log = logging.getLogger(__name__)
 
-# More than this share of answers cut at regenerate.max_new_tokens: the draft learns to predict
-# cut answers (no end of turn), and long answers are under-represented.
+# More than this share of answers cut at regenerate.max_new_tokens (not counting those cut while
+# repeating themselves, below): the draft learns to predict cut answers (no end of turn), and long
+# answers are under-represented.
 TRUNCATION_WARNING = 0.2
+# An answer "repeats itself" when, among its last LOOP_WINDOW words (every number read as one
+# symbol, so a numbered list that goes on counts), at most LOOP_DISTINCT of the word trigrams
+# differ. Greedy decoding of a small target falls into such loops; a larger max_new_tokens would
+# not end them, only lengthen them (on the embedded default: docs/evaluation.md).
+LOOP_WINDOW, LOOP_DISTINCT = 60, 0.5
+
+
+def repeats_itself(text: str) -> bool:
+    """Whether an answer ends in a loop (see LOOP_WINDOW)."""
+    words = re.sub(r"\d+", "#", text).split()[-LOOP_WINDOW:]
+    if len(words) < LOOP_WINDOW:
+        return False
+    trigrams = list(zip(words, words[1:], words[2:]))
+    return len(set(trigrams)) <= LOOP_DISTINCT * len(trigrams)
+
+
+def cut_answers_repeating(conversations: Path) -> int | None:
+    """How many answers the regenerate stage marked `"truncated"` end in a loop (None: no file)."""
+    if not conversations.is_file():
+        return None
+    count = 0
+    with conversations.open(encoding="utf-8") as lines:
+        for line in lines:
+            for message in json.loads(line).get("messages") or []:
+                count += bool(message.get("truncated")) and repeats_itself(message.get("content") or "")
+    return count
 
 
 def _json(path: Path) -> dict | None:
@@ -125,16 +153,19 @@ def build_summary(
         answers = regenerated.get("turns_generated") or 0
         cut = regenerated.get("answers_truncated") or 0
         max_new = (regenerated.get("settings") or {}).get("max_new_tokens")
+        repeating = cut_answers_repeating(results / "regenerated/conversations.jsonl") or 0
         truncation["answers"] = answers
         truncation["answers_cut_at_max_new_tokens"] = cut
         truncation["answers_cut_share"] = cut / answers if answers else None
+        truncation["answers_cut_repeating"] = repeating
         truncation["max_new_tokens"] = max_new
         data["generated_tokens"] = regenerated.get("generated_tokens")
-        if answers and cut / answers > TRUNCATION_WARNING:
+        if answers and (cut - repeating) / answers > TRUNCATION_WARNING:
             warnings.append(
-                f"{cut / answers:.0%} of the regenerated answers ({cut} of {answers}) were cut at "
-                f"regenerate.max_new_tokens = {max_new} (more than {TRUNCATION_WARNING:.0%}): the draft "
-                "learns few answer endings; raise regenerate.max_new_tokens (results/regenerated/summary.json)"
+                f"{(cut - repeating) / answers:.0%} of the regenerated answers ({cut - repeating} of {answers}) were cut at "
+                f"regenerate.max_new_tokens = {max_new} (more than {TRUNCATION_WARNING:.0%}; {repeating} more cut "
+                "while repeating themselves are not counted): the draft learns few answer endings; raise "
+                "regenerate.max_new_tokens (results/regenerated/summary.json)"
             )
     if tokenized:
         rows_in = tokenized.get("rows_in") or 0
@@ -295,7 +326,8 @@ def to_markdown(summary: dict) -> str:
             lines.append(
                 f"| answers cut at max_new_tokens ({truncation['max_new_tokens']}) | "
                 f"{truncation['answers_cut_at_max_new_tokens']} of {truncation['answers']} "
-                f"({_share(truncation['answers_cut_share'])}) |"
+                f"({_share(truncation['answers_cut_share'])}; "
+                f"{truncation.get('answers_cut_repeating', 0)} of them repeating themselves) |"
             )
         if truncation.get("conversations_cut_at_max_seq_len") is not None:
             lines.append(
