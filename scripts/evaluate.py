@@ -37,5 +37,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
             threads=snakemake.threads,
         ),
+        baseline="untrained",  # on the test set only (the headline)
     )
     write_provenance(snakemake)  # results/eval/provenance.json

@@ -373,6 +373,11 @@ def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
     assert acceptance["checkpoints"]["trained"]["model_sha256"] == sha256_file(
         tiny_run / "results/checkpoint/final/model.safetensors"
     )
+    # the untrained baseline is measured on the test set only (it accepts next to nothing); the
+    # trained draft on every set
+    assert set(acceptance["sets"]["test"]["drafts"]) == {"trained", "untrained"}
+    assert set(acceptance["sets"]["validation"]["drafts"]) == {"trained"}
+    assert acceptance["baseline"] == {"draft": "untrained", "sets": ["test"]}
     for plot in ("loss", "acceptance", "vocab_coverage", "hidden_states_disk", "wall_times"):
         record = json.loads((tiny_run / f"results/report/{plot}.provenance.json").read_text())
         assert record["outputs"] == [f"results/report/{plot}.png"]
