@@ -378,6 +378,27 @@ def test_paired_bootstrap_of_a_constant_shift_is_that_shift():
     assert low_b < high_a and high_a - low_a > 1.0  # the separate intervals cannot tell
 
 
+def test_one_drafts_intervals_match_the_sets_spread_and_bracket_each_position():
+    """The quality gate's band: one draft's intervals over its prompts, the mean's equal to the
+    evaluation's own `spread` (the same resamples), each position's around its pooled figure."""
+    from draftline.artifacts.acceptance import intervals
+    from draftline.evaluate import spread
+
+    spec = [("p0", 8, [1, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
+            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0]), ("p6", 0, [0, 0, 0])]  # fmt: skip
+    block = _rows(spec)
+    result = intervals(block, seed=2)
+    assert result["prompts"] == 6  # p6 drafted nothing: no acceptance to count
+    assert result["mean_acceptance_length"] == round(1 + 83 / 100, 4)
+    assert result["acceptance_per_position"] == [0.43, 0.28, 0.12]
+    per_request = [{"num_accepted_draft_tokens": r[3], "num_spec_steps": r[1]} for r in block["rows"]]
+    assert result["bootstrap_95"] == spread(per_request, seed=2)["bootstrap_95"]
+    for value, (low, high) in zip(result["acceptance_per_position"], result["acceptance_per_position_bootstrap_95"], strict=True):
+        assert low < value < high
+    with pytest.raises(ValueError, match="too few"):
+        intervals(_rows([("p0", 8, [1, 0, 0])]))
+
+
 def test_paired_comparison_refuses_sets_of_different_prompts():
     from draftline.artifacts.acceptance import paired_difference
 

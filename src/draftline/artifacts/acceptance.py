@@ -119,6 +119,25 @@ def _pooled(rows: list[list], sample: list[int] | range, k: int) -> tuple[float,
     return 1 + accepted / drafts, [sum(rows[i][4][p] for i in sample) / drafts for p in range(k)]
 
 
+def intervals(block: dict, seed: int = 0, count: int = RESAMPLES) -> dict:
+    """One draft's per-prompt block alone: its mean acceptance length and acceptance per position,
+    each with a 95% bootstrap interval over the prompts (`count` resamples, seeded). The quality
+    gate (tests/test_embedded_default.py) holds a new run to the recorded run's intervals."""
+    rows = [r for r in block["rows"] if r[1]]  # prompts without drafts carry no acceptance
+    if len(rows) < 2:
+        raise ValueError(f"{len(rows)} prompts with drafts: too few for an interval")
+    k = min(len(r[4]) for r in rows)
+    mean, positions = _pooled(rows, range(len(rows)), k)
+    estimates = [_pooled(rows, sample, k) for sample in resamples(len(rows), seed, count)]
+    return {
+        "prompts": len(rows),
+        "mean_acceptance_length": round(mean, 4),
+        "bootstrap_95": interval_95([m for m, _ in estimates]),
+        "acceptance_per_position": [round(x, 4) for x in positions],
+        "acceptance_per_position_bootstrap_95": [interval_95([p[i] for _, p in estimates]) for i in range(k)],
+    }
+
+
 def pair(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list[list], list[list]]:
     """The rows of two per-prompt blocks matched by prompt id (a repeated prompt's n-th row
     with the other's n-th); ValueError naming the ids that only one of them has."""
