@@ -28,10 +28,10 @@ import logging
 import os
 import re
 from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import digest_files
+from draftline.versions import installed_version
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +242,6 @@ def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) ->
             )
         out[dist] = next(iter(found.values()))
     return dict(sorted(out.items()))
-
-
-def installed_version(dist: str) -> str | None:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 # ---------------------------------------------------------------- inside a job
