@@ -79,6 +79,15 @@ def test_the_stage_list_names_every_module_outside_the_shared_layers():
         "a new module: add it to STAGES, DRIVERS or the shared layers"
 
 
+def test_no_script_reads_the_config():
+    """A setting reaches a job through its rule's params only (a plain value Snakemake compares, or a
+    settings object it does not: rules/common.smk), never `snakemake.config`, which a job reads
+    outside both staleness and its provenance.json."""
+    scripts = [p for p in sorted((REPO / "scripts").rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    readers = [p.name for p in scripts if "snakemake.config" in p.read_text()]
+    assert readers == [], f"scripts/ reading snakemake.config (pass the value as a param): {readers}"
+
+
 def test_no_module_imports_a_driver():
     drivers = {f"draftline.{d}" for d in DRIVERS}
     for name in MODULES:
