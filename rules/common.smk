@@ -42,6 +42,9 @@ TARGET_PATH, VERIFIER_NAME, DEVICE, RESOLVED = Path(TARGET_DIR), PLAN.verifier_n
 # and torchrun's processes start on the job's node only (docs/cluster.md).
 VLLM_RANKS, TRAIN_GPUS, ONE_NODE, PREFLIGHT_PLAN = PLAN.vllm_ranks, PLAN.default_train_gpus, 1, PLAN.preflight_plan
 ENGINE = PLAN.engine  # the one vLLM engine settings object of the plan (the `vllm:` block, target.*)
+# The config's `device` as written, for the jobs' environment check (check_job_environment): a param
+# object Snakemake does not compare (`planned` holds the device it resolves to, and decides).
+DEVICE_SETTING = PLAN.device_setting
 
 
 onstart:
@@ -140,6 +143,21 @@ def evaluation_prompt_set_files():
 def fidelity_settings():
     """A param that decides no staleness (draftline.planning.fidelity_settings)."""
     return PLAN.fidelity
+
+
+def disk_limit():
+    """A param that decides no staleness (draftline.disk.DiskLimit): a new hidden_states.max_disk_gb
+    re-extracts nothing; the plan holds an existing estimate to it."""
+    return PLAN.disk_limit
+
+
+def hidden_state_source():
+    """The train rule's params for where its hidden states come from (draftline.train.HiddenStateSource).
+    `source`, the object its script hands on, which Snakemake does not compare (the online server's
+    start-up wait, the samples the Trainer may skip, the fidelity bar and speed-only vLLM settings
+    change no published checkpoint), and `hidden_states`, its fields that can change the draft (plain
+    values that decide staleness)."""
+    return dict(source=PLAN.hidden_state_source, hidden_states=PLAN.hidden_state_source.outputs())
 
 
 def hidden_state_shards():

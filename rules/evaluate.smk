@@ -50,6 +50,8 @@ rule evaluate:
         # how vLLM splits the target (a change reruns: float reductions change)
         parallel=vllm_parallel(),
         versions=versions("vllm", "speculators", "torch", "transformers"),
+        # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
+        device_setting=DEVICE_SETTING,
         chat_template=config["target"]["chat_template"],
         chat_template_kwargs=config["target"]["chat_template_kwargs"],
         trust_remote_code=config["target"]["trust_remote_code"],

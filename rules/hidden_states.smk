@@ -37,6 +37,8 @@ rule hidden_states_shard:
         # how vLLM splits the target (a change re-extracts: float reductions change)
         parallel=extraction_parallel(),
         versions=versions("vllm", "torch", "transformers"),
+        # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
+        device_setting=DEVICE_SETTING,
         trust_remote_code=config["target"]["trust_remote_code"],
         chunk_rows=64,
         # checked before the shard is published (draftline.fidelity); not part of staleness

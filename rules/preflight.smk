@@ -52,6 +52,8 @@ rule preflight_environment:
     params:
         code=code("preflight", script="preflight_environment"),
         **PREFLIGHT_TARGET,
+        # the config's `device` as written (not compared: DEVICE_SETTING)
+        device_setting=DEVICE_SETTING,
     script:
         "../scripts/preflight_environment.py"
 

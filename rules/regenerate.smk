@@ -78,6 +78,8 @@ rule regenerate_shard:
         target_dir=TARGET_PATH,
         # the one engine settings object (not compared: its output fields are engine_outputs)
         engine=ENGINE,
+        # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
+        device_setting=DEVICE_SETTING,
     script:
         "../scripts/regenerate.py"
 

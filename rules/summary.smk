@@ -25,8 +25,11 @@ rule summary:
         "../envs/gpu.yaml"
     params:
         code=code("summary", script="summary"),
-        target=TARGET.name,
-        device=DEVICE,
-        benchmarks="results/benchmarks",
+        target=PLAN.summary.target,
+        device=PLAN.summary.device,
+        benchmarks=PLAN.summary.benchmarks,
+        # the page's settings with the run's name (draftline.summary.SummarySettings): an object Snakemake
+        # does not compare, so naming, moving or renaming a run reruns nothing
+        settings=PLAN.summary,
     script:
         "../scripts/summary.py"

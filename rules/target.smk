@@ -23,6 +23,9 @@ if TARGET.needs_rule:
             identity=TARGET_IDENTITY,
             versions=versions("transformers", "torch"),
             name=TARGET.name,
+            # the plan's TargetSpec (target.revision with it): an object Snakemake does not compare, as
+            # `identity` stands for the content (a revision naming the same commit reruns nothing)
+            spec=TARGET,
             trust_remote_code=config["target"]["trust_remote_code"],
         script:
             "../scripts/target_model.py"

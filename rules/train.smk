@@ -43,21 +43,13 @@ rule train:
         # optimizer, loader workers and world size resolved for the planned device
         planned=RESOLVED["train"],
         versions=versions("speculators", "torch", "transformers"),
+        # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
+        device_setting=DEVICE_SETTING,
         runs_dir="results/checkpoint/runs",
-        # offline, or online with what decides the server's states (hidden_states.online_server_timeout_s
-        # and online_max_skipped_samples are read from the config: they do not, and a published
-        # checkpoint stays as it is when they change)
-        hidden_states=(
-            {"mode": "online", "server_gpus": config["hidden_states"]["online_server_gpus"],
-             "max_seq_len": config["tokenize"]["max_seq_len"], "dtype": RESOLVED["engine"]["dtype"],
-             # the server's vLLM settings that can change the states (its context is max_seq_len + 1)
-             "engine": output_settings(ENGINE, without=("max_model_len",))}
-            if ONLINE else {"mode": "offline"}
-        ),
-        # online: checked on rows the server makes before the Trainer starts (offline: in the shards);
-        # not part of staleness (fidelity_settings)
-        fidelity=fidelity_settings(),
-        # the online server's vLLM settings (one object, not compared: see hidden_states above)
-        engine=ENGINE,
+        # offline, or online with the server's settings: `source` (one object, not compared: its start-up
+        # wait, the samples the Trainer may skip, the fidelity bar checked on rows the server makes before
+        # the Trainer starts, the run's vLLM settings) and `hidden_states`, what decides the server's
+        # states (hidden_state_source)
+        **hidden_state_source(),
     script:
         "../scripts/train.py"

@@ -13,14 +13,13 @@ if __name__ == "__main__":
         snakemake.params.dtype,
         snakemake.params.shards,
         snakemake.output[0],
-        # Read from the config, not a param: a new limit must not rerun (re-extract) the shards;
-        # common.smk checks a changed limit against an existing estimate at parse time.
-        max_disk_gb=snakemake.config["hidden_states"].get("max_disk_gb"),
+        # A param Snakemake does not compare: a new limit must not rerun (re-extract) the shards; the
+        # plan checks a changed limit against an existing estimate. The lengths (for the settings that
+        # would fit, named in the error) decide no estimate.
+        max_disk_gb=snakemake.params.limit.max_disk_gb,
         format=snakemake.params.format,
         dataset_dir=snakemake.input.dataset,
-        # for the settings that would fit (named in the error); not params: they decide no estimate
-        max_seq_len=snakemake.config["tokenize"]["max_seq_len"],
-        total_seq_len=(snakemake.config["train"]["total_seq_len"]  # hidden_states.mode online's working set
-                       if "mode" in snakemake.config["hidden_states"] else None),
+        max_seq_len=snakemake.params.limit.max_seq_len,
+        total_seq_len=snakemake.params.limit.total_seq_len,  # hidden_states.mode online's working set
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

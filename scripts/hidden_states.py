@@ -11,7 +11,9 @@ from draftline.provenance import write_provenance
 if __name__ == "__main__":
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
+    check_job_environment(  # device, torch build, pins
+        snakemake.params.planned, snakemake.params.versions, snakemake.params.device_setting.value
+    )
     extract_shard(
         snakemake.input.dataset,
         str(snakemake.params.target_dir),

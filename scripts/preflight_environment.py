@@ -18,7 +18,7 @@ if __name__ == "__main__":
             snakemake.params.engine,  # the run's vLLM settings (parallel sizes, memory share)
             planned=snakemake.params.planned,
             versions=snakemake.params.versions,
-            setting=snakemake.config["device"],  # device: auto/cpu/cuda as configured (not a param)
+            setting=snakemake.params.device_setting.value,  # device: auto/cpu/cuda as configured (not compared)
         ),
         claim_error=claim_error,
         trust_remote_code=snakemake.params.trust_remote_code,

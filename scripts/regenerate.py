@@ -9,7 +9,9 @@ from draftline.logs import log_to
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
-    check_job_environment(snakemake.params.planned, snakemake.params.versions, snakemake.config["device"])  # device, torch build, pins
+    check_job_environment(  # device, torch build, pins
+        snakemake.params.planned, snakemake.params.versions, snakemake.params.device_setting.value
+    )
     regenerate_shard(
         str(snakemake.params.target_dir),
         snakemake.input.conversations,

@@ -1,5 +1,6 @@
 """Write results/summary.md and results/summary.json (see draftline.summary)."""
 
+from dataclasses import asdict
 from pathlib import Path
 
 from draftline.logs import log_to
@@ -9,11 +10,8 @@ if __name__ == "__main__":
     log_to(snakemake.log[0])
     summary = build_summary(
         Path(snakemake.output.json).parent,  # results/
-        # run_name (default: the work folder's name, rules/common.smk): not a param, so a moved
-        # or renamed run reruns nothing
-        run_name=snakemake.config["run_name"],
-        target=snakemake.params.target,
-        device=snakemake.params.device,
-        benchmarks=snakemake.params.benchmarks,
+        # run_name (default: the work folder's name), target, device, benchmarks: SummarySettings, a
+        # param Snakemake does not compare, so a moved or renamed run reruns nothing
+        **asdict(snakemake.params.settings),
     )
     write_summary(summary, snakemake.output.markdown, snakemake.output.json)

@@ -19,7 +19,7 @@ if __name__ == "__main__":
         name=snakemake.params.name,
         chat_template=chat_template,
         repo_root=Path.cwd(),
-        revision=snakemake.config["target"]["revision"],
+        revision=snakemake.params.spec.revision,  # target.revision, as the plan resolved the target with it
     )
     # A hub download fetches the commit the plan resolved (the rule's `identity` param), not
     # whatever the branch points at by the time this job runs.

@@ -55,6 +55,32 @@ def test_tiny_model_plans_cpu_here_and_says_so(tiny_model, workdir, capsys):
     assert config["run_name"] == workdir.name and list(config) == sorted(config)  # sorted: reordering reruns nothing
 
 
+def test_settings_that_change_no_output_reach_the_jobs_in_objects_no_param_compares(tiny_model, workdir):
+    """The online server's start-up wait and skip allowance, the disk limit, the run's name and the
+    device as written reach their jobs inside the plan's settings objects (params Snakemake does not
+    compare); the train rule's compared `hidden_states` param stays what it was (a new repr would
+    rerun training for every online run) and changes with what decides the server's states."""
+    online = {"shards": 2, "mode": "online"}
+    base = plan_for(config_for(tiny_model, hidden_states=online), workdir)
+    other = plan_for(config_for(tiny_model, device="cpu", run_name="renamed", hidden_states={
+        **online, "online_server_timeout_s": 42, "online_max_skipped_samples": 3, "max_disk_gb": 500}), workdir)
+    source = other.hidden_state_source
+    assert (source.ready_timeout_s, source.max_skipped_samples, source.fidelity) == (42, 3, other.fidelity)
+    assert source.engine is other.engine and source.dtype == "float32" and source.online
+    assert other.disk_limit.max_disk_gb == 500 and other.disk_limit.max_seq_len == 256
+    assert (base.summary.run_name, other.summary.run_name) == (workdir.name, "renamed")
+    assert (base.device_setting.value, other.device_setting.value) == ("auto", "cpu")
+    assert other.resolved == base.resolved
+    outputs = other.hidden_state_source.outputs()
+    assert outputs == base.hidden_state_source.outputs()
+    assert list(outputs.items()) == [("mode", "online"), ("server_gpus", 1), ("max_seq_len", 256), ("dtype", "float32"),
+                                     ("engine", {"quantization": None, "kv_cache_dtype": "auto", "engine_args": {}})]
+    two_gpus = plan_for(config_for(tiny_model, hidden_states={**online, "online_server_gpus": 2}), workdir)
+    assert two_gpus.hidden_state_source.outputs()["server_gpus"] == 2
+    offline = plan_for(config_for(tiny_model), workdir).hidden_state_source
+    assert offline.outputs() == {"mode": "offline"} and offline.engine is None
+
+
 def test_a_slurm_executor_plans_cuda_for_its_nodes(tiny_model, workdir, capsys):
     plan = plan_for(config_for(tiny_model), workdir, executor="slurm", train=2)
     err = capsys.readouterr().err

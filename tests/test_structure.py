@@ -73,10 +73,19 @@ def test_the_stage_list_names_every_module_outside_the_shared_layers():
     shared = {"draftline", "draftline.atomic", "draftline.logs", "draftline.devices", "draftline.content_hash",
               "draftline.config_schema", "draftline.engine", "draftline.checks", "draftline.plan",
               "draftline.provenance", "draftline.sources", "draftline.sizing", "draftline.cluster",
-              "draftline.target_hashes", "draftline.fidelity"}  # fmt: skip
+              "draftline.target_hashes", "draftline.fidelity", "draftline.versions"}  # fmt: skip
     outside = {_top(m) for m in MODULES if m not in shared and m.split(".")[1] not in SHARED_PACKAGES}
     assert outside == {f"draftline.{s}" for s in {*STAGES, *DRIVERS}}, \
         "a new module: add it to STAGES, DRIVERS or the shared layers"
+
+
+def test_no_script_reads_the_config():
+    """A setting reaches a job through its rule's params only (a plain value Snakemake compares, or a
+    settings object it does not: rules/common.smk), never `snakemake.config`, which a job reads
+    outside both staleness and its provenance.json."""
+    scripts = [p for p in sorted((REPO / "scripts").rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    readers = [p.name for p in scripts if "snakemake.config" in p.read_text()]
+    assert readers == [], f"scripts/ reading snakemake.config (pass the value as a param): {readers}"
 
 
 def test_no_module_imports_a_driver():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.atomic import atomic_file
@@ -34,6 +35,24 @@ ONLINE_BATCHES_IN_FLIGHT = 2  # mode online: about this many batches of states e
 
 class DiskLimitError(ValueError):
     """The hidden states would exceed hidden_states.max_disk_gb."""
+
+
+@dataclass(frozen=True)
+class DiskLimit:
+    """hidden_states.max_disk_gb (None: no limit) and the lengths its error names for the settings
+    that would fit. Passed to the estimate's job as a param object, which Snakemake does not
+    compare: a new limit re-extracts nothing (the plan holds an existing estimate to it), and the
+    lengths decide no estimate."""
+
+    max_disk_gb: float | None = None
+    max_seq_len: int | None = None  # tokenize.max_seq_len
+    total_seq_len: int | None = None  # train.total_seq_len: hidden_states.mode online's working set
+
+    @classmethod
+    def from_config(cls, config: dict) -> DiskLimit:
+        hs = config["hidden_states"]
+        return cls(max_disk_gb=hs.get("max_disk_gb"), max_seq_len=config["tokenize"]["max_seq_len"],
+                   total_seq_len=config["train"]["total_seq_len"] if "mode" in hs else None)  # fmt: skip
 
 
 def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> int:

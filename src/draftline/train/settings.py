@@ -8,7 +8,7 @@ from pathlib import Path
 
 from draftline import fidelity
 from draftline.config_schema import default
-from draftline.engine import EngineSettings
+from draftline.engine import EngineSettings, output_settings
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,9 @@ class TrainInputs:
 
 @dataclass(frozen=True)
 class HiddenStateSource:
-    """Where the Trainer's hidden states come from (`hidden_states.mode` and the online keys)."""
+    """Where the Trainer's hidden states come from (`hidden_states.mode` and the online keys).
+    Built once per plan (`from_config`) and passed to the train job as one param object, which
+    Snakemake does not compare; `outputs()` are its fields that decide staleness."""
 
     mode: str = default("hidden_states", "mode")  # offline | online
     server_gpus: int = default("hidden_states", "online_server_gpus")
@@ -67,6 +69,30 @@ class HiddenStateSource:
     @property
     def online(self) -> bool:
         return self.mode == "online"
+
+    @classmethod
+    def from_config(cls, config: dict, *, dtype: str, engine: EngineSettings,
+                    fidelity: fidelity.FidelitySettings) -> HiddenStateSource:  # fmt: skip
+        """The validated config's `hidden_states:` mode and online keys, with the plan's engine
+        `dtype`, its vLLM settings and the resolved fidelity bar (offline: the mode alone; the
+        files are checked as they are extracted)."""
+        block = config["hidden_states"]
+        if block["mode"] != "online":
+            return cls(mode=block["mode"])
+        return cls(mode="online", server_gpus=block["online_server_gpus"], dtype=dtype, engine=engine,
+                   ready_timeout_s=block["online_server_timeout_s"], max_seq_len=config["tokenize"]["max_seq_len"],
+                   max_skipped_samples=block["online_max_skipped_samples"], fidelity=fidelity)  # fmt: skip
+
+    def outputs(self) -> dict:
+        """The fields that can change the draft, as plain values (the train rule's `hidden_states`
+        param, which decides staleness): offline the mode (the files decide by their content), online
+        what decides the server's states. The rest (the server's start-up wait, the samples the
+        Trainer may skip, the fidelity bar, speed-only engine settings) changes no published checkpoint."""
+        if not self.online:
+            return {"mode": self.mode}
+        engine = self.engine or EngineSettings(dtype=self.dtype)
+        return {"mode": self.mode, "server_gpus": self.server_gpus, "max_seq_len": self.max_seq_len,
+                "dtype": self.dtype, "engine": output_settings(engine, without=("max_model_len",))}  # fmt: skip
 
 
 @dataclass(frozen=True)
