@@ -7,7 +7,8 @@ tokenize.max_seq_len), disk used per results folder, stage wall times (Snakemake
 files, longest first), the published epoch (counted from 1, as in every log) and the samples the
 Trainer skipped without hidden states, acceptance per prompt set (trained vs untrained draft, per
 position), the hidden-state fidelity check (draftline.fidelity, from the checkpoint's
-provenance) and warnings a user should act on.
+provenance), warnings a user should act on, and notes (facts of the setup, e.g. a speed-up
+below 1 on the CPU, where nothing is to be done).
 Nothing here is measured again: every figure names the file it comes from.
 """
 
@@ -138,6 +139,7 @@ def build_summary(
     provenance = _json(results / "checkpoint/final/draftline_provenance.json") or {}
     acceptance = _json(results / "eval/acceptance.json")
     warnings: list[str] = []
+    notes: list[str] = []
 
     data = {
         "prompts_train": prompts.get("train"), "prompts_validation": prompts.get("validation"),
@@ -212,7 +214,7 @@ def build_summary(
         slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
         if len(slow):
             where = ", ".join(f"{row.speedup:.2f} on the {row.set} set" for row in slow.itertuples())
-            warnings.append(
+            notes.append(
                 f"speed-up below 1 with the trained draft ({where}), measured on the CPU: there decoding is "
                 "compute-bound and speculation cannot pay off; acceptance is what carries over to a GPU "
                 "(results/eval/acceptance.json)"
@@ -246,6 +248,7 @@ def build_summary(
         "wall_seconds": dict(zip(times["job"], times["seconds"].tolist(), strict=True)),
         "wall_seconds_per_stage": times.groupby("stage")["seconds"].sum().sort_values(ascending=False).to_dict(),
         "warnings": warnings,
+        "notes": notes,
     }
 
 
@@ -295,6 +298,8 @@ def to_markdown(summary: dict) -> str:
     lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
     if summary["warnings"]:
         lines += ["## Warnings", "", *[f"- {w}" for w in summary["warnings"]], ""]
+    if summary.get("notes"):
+        lines += ["## Notes", "", *[f"- {n}" for n in summary["notes"]], ""]
     acceptance = pd.DataFrame(summary["acceptance"])
     if not acceptance.empty:
         k = summary["num_speculative_tokens"]
