@@ -35,7 +35,7 @@ TRUNCATION_WARNING = 0.2
 # An answer "repeats itself" when, among its last LOOP_WINDOW words (every number read as one
 # symbol, so a numbered list that goes on counts), at most LOOP_DISTINCT of the word trigrams
 # differ. Greedy decoding of a small target falls into such loops; a larger max_new_tokens would
-# not end them, only lengthen them (on the embedded default: docs/evaluation.md).
+# not end them, only lengthen them (on the embedded default: benchmarks/results/default_tuning.md).
 LOOP_WINDOW, LOOP_DISTINCT = 60, 0.5
 
 
