@@ -148,7 +148,6 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
 
         # 3. both recipes plan inside it, as docs/cluster.md runs them, in a copy of the workflow
         work = copy_workflow(tmp_path / "work")
-        shutil.copytree(REPO / "resources/prompts", work / "resources/prompts")
         for preset, (profile, hub_id, _) in RECIPES.items():
             out = run([draftline, "snakemake", "-n", "results/checkpoint/final", "--workflow-profile",
                        f"profiles/{profile}", f"--configfile=config/presets/{preset}.yaml"], work, env)  # fmt: skip

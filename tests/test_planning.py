@@ -117,6 +117,18 @@ def test_a_source_with_no_prompt_column_stops_the_plan(tiny_model, workdir):
         plan_for(config, workdir)
 
 
+def test_a_missing_evaluation_set_stops_the_plan_naming_its_key(tiny_model, workdir):
+    """A named evaluation set (evaluate.prompt_sets) that is not there stops the plan before any
+    job, naming the set's key and the path looked at, not the training sources."""
+    config = config_for(tiny_model, evaluate={"prompt_sets": {"code": "eval/code.jsonl"}})
+    with pytest.raises(PlanningError) as error:
+        plan_for(config, workdir)
+    message = str(error.value)
+    assert message.startswith("evaluate.prompt_sets.code: eval/code.jsonl: prompt source not found (looked at "
+                              f"{workdir / 'eval/code.jsonl'})"), message  # fmt: skip
+    assert "prompts.sources" not in message
+
+
 def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
     with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
                                             r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):  # fmt: skip

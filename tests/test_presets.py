@@ -268,8 +268,6 @@ def test_a_preset_in_a_run_folder_reads_paths_from_the_run_folder(tiny_model_8_h
     """`--directory runs/x` with a preset: its relative paths are read from the run folder; one that
     is only in the workflow's folder stops the plan naming the path looked at and the one to write."""
     repo = copy_workflow(tmp_path / "checkout")
-    (repo / "resources/prompts").mkdir(parents=True)
-    shutil.copy(REPO / "resources/prompts/default.jsonl", repo / "resources/prompts/default.jsonl")
     run_folder = repo / "runs" / "x"
     run_folder.mkdir(parents=True)
     mine = tmp_path / "mine.yaml"  # the user's changes on top of the preset

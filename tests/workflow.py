@@ -64,11 +64,14 @@ def planned_jobs(
 
 
 # What a copy of the workflow needs (a test may edit the copy's code, never the repo's).
-WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "src", "config", "profiles", "requirements", "envs")
+WORKFLOW_PARTS = (
+    "Snakefile", "rules", "scripts", "src", "config", "profiles", "requirements", "envs", "resources",
+)
 
 
 def copy_workflow(dest: Path) -> Path:
-    """A copy of this repo's workflow (Snakefile, rules, scripts, src, config, profiles, requirements, envs)."""
+    """A copy of this repo's workflow: its code, config, profiles, requirements and the prompts
+    the default config names (resources/)."""
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for part in WORKFLOW_PARTS:

@@ -383,8 +383,8 @@ def _count_source(raw: str) -> int | str:
 def _check_exists(raw: str, path: Path) -> None:
     if not path.exists():
         raise PromptError(
-            f"{raw}: prompt source not found (looked at {path.resolve()}) (fix: correct the path in "
-            "prompts.sources; relative paths are read from the folder snakemake runs in: the checkout, or "
+            f"{raw}: prompt source not found (looked at {path.resolve()}) (fix: correct the path; "
+            "relative paths are read from the folder snakemake runs in: the checkout, or "
             "the run folder given with --directory)"
         )
     if path.is_dir():
