@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow import (
-    AFTER_TOKENIZE, AFTER_TRAIN, REGENERATION, copy_workflow, fake_tiny_project, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE,
+    AFTER_TRAIN,
+    REGENERATION,
+    copy_workflow,
+    fake_tiny_project,
+    planned_jobs,
+    snakemake,
+    write_config,
 )
 
 TARGET = "results/lineage.json"
@@ -93,7 +99,7 @@ def test_after_a_move_a_real_change_reruns_what_it_did_before(moved):
 def test_after_a_move_a_code_fix_reruns_the_step_and_what_follows(moved):
     _fresh_mtimes(moved / "src")
     module = moved / "src" / "draftline" / "tokenization.py"
-    module.write_text(module.read_text() + "\n# a fix\n")
+    module.write_text(module.read_text() + "\nFIXED = True\n")
     assert plan(moved) == AFTER_TOKENIZE
 
 
@@ -151,7 +157,7 @@ def test_a_new_vllm_pin_reruns_regeneration_hidden_states_evaluation_and_what_fo
         **REGENERATION, "hidden_states_shard": 2, **{k: v for k, v in AFTER_TOKENIZE.items()
         if k not in ("tokenize", "vocab", "report_vocab_coverage", "hidden_states_disk_estimate")},
         "tokenize": 1, "hidden_states_disk_estimate": 1, "vocab": 1, "report_vocab_coverage": 1,
-    }  # fmt: skip  (regeneration's answers are tokenized again: everything after it)
+    }  # regeneration's answers are tokenized again: everything after it
 
 
 def test_a_new_speculators_pin_reruns_what_speculators_computes(moved):

@@ -4,9 +4,9 @@ Snakemake reruns a job when its params change, and compares them by value. draft
 four things among the params of the rules they affect, all decided here at parse time from
 the repository and the config (never from the machine a job happens to land on):
 
-- `code_hash`: the content of the step's script and of the draftline modules it runs (not
-  paths or mtimes), so a moved folder or a fresh clone reruns nothing and a fix reruns
-  exactly the step and what follows;
+- `code_hash`: the syntax trees of the step's script and of the draftline modules it runs
+  (not paths, mtimes, comments or layout), so a moved folder, a fresh clone or a comment
+  reruns nothing and a fix reruns exactly the step and what follows;
 - `planned_device`: `device: auto` is cuda when the machine planning the run sees an NVIDIA
   GPU, else cpu; the Slurm profile sets `device: cuda` (the login node has no GPU);
 - `resolved_settings`: the `auto` settings resolved for that device (dtype, eager mode,
@@ -24,14 +24,14 @@ writing anything.
 from __future__ import annotations
 
 import ast
+import hashlib
 import logging
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
-from draftline.content_hash import digest_files
 from draftline.versions import installed_version
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class PlanError(RuntimeError):
 # ---------------------------------------------------------------- code
 
 
-@lru_cache(maxsize=None)
+@cache
 def _imported_modules(path: Path, module: str) -> set[str]:
     """draftline modules imported anywhere in `path` (lazy imports inside functions too, and
     modules a registry names as a string)."""
@@ -82,7 +82,7 @@ def _imported_modules(path: Path, module: str) -> set[str]:
     return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
 
 
-@lru_cache(maxsize=None)
+@cache
 def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
     """Paths of `modules` (names under draftline, e.g. "tokenization") and every draftline
     module they import, directly or not, plus the package's __init__.py files; sorted.
@@ -122,13 +122,36 @@ def module_closure(src: str, modules: tuple[str, ...]) -> tuple[str, ...]:
 
 def code_hash(src: str | Path, modules: tuple[str, ...], script: str | Path | None) -> str:
     """sha256 of the step's script and of `modules` with every draftline module they import
-    (module_closure), by name and content."""
+    (module_closure), by name and syntax tree (code_digest): a change to what the code does
+    reruns the step; a comment, a docstring or a line wrapped differently does not."""
 
     src = Path(src)
     files = [(str(Path(p).relative_to(src)), Path(p)) for p in module_closure(str(src), tuple(modules))]
     if script is not None:
         files.append((f"scripts/{Path(script).name}", Path(script)))
-    return digest_files(files)
+    digest = hashlib.sha256()
+    for name, path in sorted(files):
+        stat = path.stat()
+        digest.update(f"{name}\0{code_digest(path, stat.st_mtime_ns, stat.st_size)}\n".encode())
+    return digest.hexdigest()
+
+
+@cache
+def code_digest(path: Path, mtime_ns: int = 0, size: int = 0) -> str:
+    """sha256 of a Python file's syntax tree without docstrings (`ast.dump`: no comments, no
+    layout, no line numbers). mtime and size key the cache: one parse per file version."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- device and settings
