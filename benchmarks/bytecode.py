@@ -21,7 +21,7 @@ import time
 def one(venv: str, module: str) -> float:
     start = time.time()
     subprocess.run([os.path.join(venv, "bin", "python"), "-c", f"import {module}"], check=True,
-                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True)  # fmt: skip
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True)
     return time.time() - start
 
 

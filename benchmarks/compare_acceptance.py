@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  position {i}: {d:+.4f}" + (f" [{ci[0]}, {ci[1]}]" if ci else ""))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"a": args.a, "b": args.b, "set": args.set, "draft_a": args.draft_a, "draft_b": args.draft_b, **result}, out, indent=1)
+            inputs = {"a": args.a, "b": args.b, "set": args.set, "draft_a": args.draft_a, "draft_b": args.draft_b}
+            json.dump({**inputs, **result}, out, indent=1)
             out.write("\n")
     return 0
 

@@ -42,13 +42,13 @@ def one_engine(target: str) -> None:
     t2 = time.time()
     shutdown(llm)
     print(json.dumps({"load_s": t1 - t0, "generate_s": t2 - t1,
-                      "tokens": hashlib.sha256(repr(ids).encode()).hexdigest()[:16]}))  # fmt: skip
+                      "tokens": hashlib.sha256(repr(ids).encode()).hexdigest()[:16]}))
 
 
 def run(target: str, env: dict) -> dict:
     start = time.time()
     out = subprocess.run([sys.executable, __file__, "--one", target], env={**os.environ, **env},
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True, check=True)
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "wall_s": time.time() - start}
 
 

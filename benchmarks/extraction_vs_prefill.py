@@ -120,7 +120,13 @@ def main() -> None:
     from draftline.artifacts.target import dims
     from draftline.backends.vllm import Extractor, extraction_engine_kwargs, run_chunks
     from draftline.engine import (
-        EngineSettings, configure_vllm_cpu, default_dtype, enforce_eager_for, has_cuda, shutdown, target_llm,
+        EngineSettings,
+        configure_vllm_cpu,
+        default_dtype,
+        enforce_eager_for,
+        has_cuda,
+        shutdown,
+        target_llm,
     )
     from draftline.layers import resolve_layer_ids
 
@@ -294,7 +300,8 @@ def _markdown(r: dict) -> str:
         f"{ld['loadavg_end']}; the benchmark's own engine keeps ~1 CPU busy, so busy CPUs above ~1 "
         "are other processes",
         "",
-        "| pair | prefill s | extraction s | extraction / prefill | load 1-min before -> after (prefill; extraction) | busy CPUs (prefill; extraction) |",
+        "| pair | prefill s | extraction s | extraction / prefill "
+        "| load 1-min before -> after (prefill; extraction) | busy CPUs (prefill; extraction) |",
         "|---|---|---|---|---|---|",
     ]
     for i, pr in enumerate(r["runs"]):

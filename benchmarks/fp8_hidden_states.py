@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_run import header, header_line, load, write_record  # noqa: E402
 from pipeline_wall_time import stage_times  # noqa: E402
+from record_run import header, header_line, load, write_record  # noqa: E402
 
 from draftline.artifacts.hidden_states import file_name, manifest_format, read_manifest, read_states  # noqa: E402
 
@@ -47,7 +47,7 @@ def parity(full_view: Path, fp8_view: Path) -> dict:
     per_layer = torch.sqrt(err / ref).tolist()
     layers = read_manifest(full_view)["layer_ids"]
     return {"rows": rows, "tokens": tokens, "layer_ids": layers,
-            "relative_error_per_layer": [round(x, 5) for x in per_layer]}  # fmt: skip
+            "relative_error_per_layer": [round(x, 5) for x in per_layer]}
 
 
 def run_figures(workdir: Path, loadavg: Path | None) -> dict:
@@ -63,7 +63,7 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
         "bytes": sum(m["bytes"] for m in manifests),
         "bytes_per_token": round(sum(m["bytes"] for m in manifests) / tokens, 1),
         "extraction": [{k: m[k] for k in ("shard", "tokens", "load_seconds", "extract_seconds", "tokens_per_s")}
-                       for m in manifests],  # fmt: skip
+                       for m in manifests],
     }
     times = stage_times(workdir)
     own = {row.job: round(row.seconds, 1) for row in times.itertuples()}
@@ -84,7 +84,7 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
     out["versions"] = train.get("versions")
     out["training"] = {"throughput": chosen.get("throughput"), "val_loss_per_epoch": chosen.get("val_loss_per_epoch"),
                        "chosen_epoch": chosen.get("chosen_epoch"),
-                       "hidden_states_format": chosen.get("hidden_states_format", "full")}  # fmt: skip
+                       "hidden_states_format": chosen.get("hidden_states_format", "full")}
     if not (results / "eval" / "acceptance.json").is_file():  # evaluation not finished yet
         out["acceptance"] = None
         return out
@@ -95,7 +95,7 @@ def run_figures(workdir: Path, loadavg: Path | None) -> dict:
                        "acceptance_per_position": [round(x, 4) for x in d["acceptance_per_position"]]}
                for draft, d in data["drafts"].items()} | {"prompts": data["prompts"]}
         for name, data in acceptance["sets"].items()
-    }  # fmt: skip
+    }
     out["lossless"] = acceptance.get("lossless")
     return out
 

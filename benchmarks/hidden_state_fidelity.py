@@ -43,7 +43,7 @@ from draftline.fidelity import (  # noqa: E402
 )
 
 VARIANTS = ("right", "zeros", "last = aux n-3", "last = aux 2", "off by one (last = n-1)", "all ids - 1",
-            "copies of the first", "another row")  # fmt: skip
+            "copies of the first", "another row")
 
 
 def _forward_layers(target: str, ids: list[int], wanted: list[int]):
@@ -111,7 +111,7 @@ def run_figures(label: str, run: Path, rows_per_shard: int = 8) -> dict:
         "all ids - 1": lambda i, s: _forward_layers(target, s.token_ids, [x - 1 for x in extracted]),
         "copies of the first": lambda i, s: s.hidden_states[:, :1].expand(-1, len(extracted), -1).clone(),
         "another row": lambda i, s: _other(samples[(i + 1) % len(samples)].hidden_states, len(s.token_ids)),
-    }  # fmt: skip
+    }
     figures = {}
     for name in VARIANTS:
         changed = [Sample(s.row, corrupt[name](i, s), s.token_ids, s.loss_mask) for i, s in enumerate(samples)]
@@ -119,7 +119,7 @@ def run_figures(label: str, run: Path, rows_per_shard: int = 8) -> dict:
         figures[name] = {
             "top1_assistant": m["top1_assistant"], "top1_all": m["top1_all"], "nll_assistant": m["nll_assistant"],
             "at_greedy_bar": _verdict(m, AUTO_MIN_TOP1_GREEDY), "at_other_bar": _verdict(m, AUTO_MIN_TOP1_OTHER),
-        }  # fmt: skip
+        }
         print(label, name, figures[name], flush=True)
     import yaml
 
@@ -162,11 +162,13 @@ def markdown(record: dict) -> str:
                   f"Target {Path(run['target']).name}, layers {run['layers']}, regenerate {json.dumps(run['regenerate'])}; "
                   f"{run['rows']} rows, {run['assistant_tokens']} assistant positions. Load during the run: "
                   f"{json.dumps(run.get('load'))}.", "",
-                  f"| states | top-1, assistant | top-1, all | NLL, assistant | at {AUTO_MIN_TOP1_GREEDY} | at {AUTO_MIN_TOP1_OTHER} |", "|---|---|---|---|---|---|"]  # fmt: skip
+                  f"| states | top-1, assistant | top-1, all | NLL, assistant | at {AUTO_MIN_TOP1_GREEDY} "
+                  f"| at {AUTO_MIN_TOP1_OTHER} |", "|---|---|---|---|---|---|"]
         for name, f in run["variants"].items():
             lines.append(f"| {name} | {f['top1_assistant']} | {f['top1_all']} | {f['nll_assistant']} | "
-                         f"{f['at_greedy_bar']} | {f['at_other_bar']} |")  # fmt: skip
-        shards = "; ".join(f"{Path(s).name}: {v['top1_assistant']} on {v['assistant_tokens']} assistant positions of {len(v['rows'])} rows" for s, v in run["in_workflow"].items())
+                         f"{f['at_greedy_bar']} | {f['at_other_bar']} |")
+        shards = "; ".join(f"{Path(s).name}: {v['top1_assistant']} on {v['assistant_tokens']} assistant positions "
+                           f"of {len(v['rows'])} rows" for s, v in run["in_workflow"].items())
         lines += ["", f"As the shard jobs measured them: {shards}.", ""]
     return "\n".join(lines) + "\n"
 

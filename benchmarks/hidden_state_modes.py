@@ -84,7 +84,7 @@ def call(script: str, spec: dict, log: Path) -> tuple[dict, float, float]:
 
 def spread(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}  # fmt: skip
+            "max": round(max(values), 3), "n": len(values)}
 
 
 def main() -> None:
@@ -136,10 +136,10 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 shutil.rmtree(bench / f"staging_{fmt}", ignore_errors=True)  # nothing reused: every row extracted
                 manifest, wall, load = call(EXTRACT, {**common, "out": str(out), "staging": str(bench / f"staging_{fmt}"),
-                                                     "format": fmt}, bench / f"extract_{fmt}_{rep}.log")  # fmt: skip
+                                                     "format": fmt}, bench / f"extract_{fmt}_{rep}.log")
                 pair[fmt] = {"wall_s": wall, "load_1min": load, "tokens": manifest["tokens"],
                              "tokens_per_s": manifest["tokens_per_s"], "extract_s": manifest["extract_seconds"],
-                             "load_s": manifest["load_seconds"], "bytes": manifest["bytes"]}  # fmt: skip
+                             "load_s": manifest["load_seconds"], "bytes": manifest["bytes"]}
             record["extraction"].append(pair)
             save()
             if args.skip_extraction:
@@ -149,22 +149,22 @@ def main() -> None:
             build_training_view([bench / f"hs_{fmt}"], views[fmt])
         base = {**common, "config": str(run / "results/config"), "d2t": str(run / "results/vocab/d2t.npy"),
                 "t2d": str(run / "results/vocab/t2d.npy"), "train": train_block,
-                "max_seq_len": run_config.get("tokenize", {}).get("max_seq_len", 2048)}  # fmt: skip
+                "max_seq_len": run_config.get("tokenize", {}).get("max_seq_len", 2048)}
         sides = {"full": {"mode": "offline", "view": str(views["full"])},
                  "fp8": {"mode": "offline", "view": str(views["fp8"])},
-                 "online": {"mode": "online", "view": None}}  # fmt: skip
+                 "online": {"mode": "online", "view": None}}
         for rep in range(args.repeats):
             names = list(sides)
             order = names[rep % 3:] + names[: rep % 3]  # each side first, middle and last in turn
             pair = {"repeat": rep, "order": order}
             for name in order:
                 spec = {**base, **sides[name], "runs": str(bench / f"runs_{name}_{rep}"),
-                        "final": str(bench / f"final_{name}_{rep}"), "server_log": str(bench / f"server_{name}_{rep}.log")}  # fmt: skip
+                        "final": str(bench / f"final_{name}_{rep}"), "server_log": str(bench / f"server_{name}_{rep}.log")}
                 provenance, wall, load = call(TRAIN, spec, bench / f"train_{name}_{rep}.log")
                 pair[name] = {"wall_s": wall, "load_1min": load, **provenance["throughput"],
                               "val_loss": provenance["val_loss_per_epoch"], "format": provenance["hidden_states_format"],
                               "server_ready_s": provenance["hidden_states"].get("server_ready_s"),
-                              "trainer_threads": provenance["threads"], "loader_workers": provenance["num_workers"]}  # fmt: skip
+                              "trainer_threads": provenance["threads"], "loader_workers": provenance["num_workers"]}
                 shutil.rmtree(bench / f"runs_{name}_{rep}", ignore_errors=True)
             record["training"].append(pair)
             save()
@@ -210,7 +210,8 @@ def markdown(r: dict) -> str:
                 lines.append(f"| {label} | {fmt(t['tokens_per_s'])} | {fmt(t['wall_s'])} |")
         if "extraction_fp8_over_full" in s:
             lines += ["", f"Bytes on disk, fp8 / full: {fmt(s['extraction_fp8_over_full']['bytes'])}."]
-    lines += ["", "## Each repeat", "", "| stage | repeat | order | side | tokens/s | wall s | load at start |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Each repeat", "", "| stage | repeat | order | side | tokens/s | wall s | load at start |",
+              "|---|---|---|---|---|---|---|"]
     for stage, pairs in (("extraction", r["extraction"]), ("training", r["training"])):
         for p in pairs:
             for side in p["order"]:

@@ -43,7 +43,7 @@ def run_figures(run: Path) -> dict:
     return {
         "run": str(run),
         "hidden_states": {"mode": provenance["hidden_states"]["mode"], "format": provenance["hidden_states_format"],
-                          "dtype": provenance["hidden_states_dtype"]},  # fmt: skip
+                          "dtype": provenance["hidden_states_dtype"]},
         "val_loss_per_epoch": provenance["val_loss_per_epoch"],
         "chosen_epoch": provenance["chosen_epoch"],
         "lossless": acceptance.get("lossless"),
@@ -72,7 +72,8 @@ def markdown(r: dict) -> str:
                          f"{tmu.get('mean_acceptance_length', float('nan')):+.4f} {tmu.get('bootstrap_95')} | {vs_text} | "
                          f"{losses} | {run['lossless']} |")
     lines += ["", "Per position (trained, test set): " + "; ".join(
-        f"{name} {[round(x, 4) for x in run['sets']['test']['trained_per_position']]}" for name, run in r["runs"].items() if "test" in run["sets"])]
+        f"{name} {[round(x, 4) for x in run['sets']['test']['trained_per_position']]}"
+        for name, run in r["runs"].items() if "test" in run["sets"])]
     lines += ["", f"How the runs were made: {header_line(r)} Record: `{r['record_command']}`."]
     return "\n".join(lines) + "\n"
 

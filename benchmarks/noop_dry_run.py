@@ -19,9 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftline.testing.tiny_model import build_tiny_model
 from record_run import header, header_line, load_now, this_command, write_record
 from workflow import REPO, fake_finished_run, planned_jobs, snakemake, write_config
+
+from draftline.testing.tiny_model import build_tiny_model
 
 TARGET = "results/lineage.json"
 
@@ -49,7 +50,7 @@ def main() -> None:
             "tokenize": {"max_seq_len": 256},
             "hidden_states": {"shards": args.shards},
             "vocab": {"draft_vocab_size": 256},
-        })  # fmt: skip
+        })
         t0 = time.perf_counter()
         fake_finished_run(workdir, TARGET)
         fake_s = time.perf_counter() - t0
@@ -92,7 +93,8 @@ def main() -> None:
         f"| run | wall seconds | CPU seconds |\n|---|---|---|\n"
         + "".join(f"| {i + 1} | {t:.2f} | {c:.2f} |\n" for i, (t, c) in enumerate(zip(timings, cpu)))
         + f"\nMedian {result['median_seconds']} s wall, {result['median_cpu_seconds']} CPU s (goal: < 10 s). "
-        f"`snakemake --version` alone: {version_s:.2f} s wall, {version_cpu:.2f} CPU s. Load averages at the end: {result['load_at_end']}.\n\n"
+        f"`snakemake --version` alone: {version_s:.2f} s wall, {version_cpu:.2f} CPU s. "
+        f"Load averages at the end: {result['load_at_end']}.\n\n"
         + header_line(result)
     )
     print(json.dumps(result, indent=1))

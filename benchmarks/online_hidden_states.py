@@ -65,7 +65,7 @@ def main() -> None:
     online_steps = last_attempt(args.online)
     offline_by_step = {(s.get("epoch"), s.get("global_step")): s for s in last_attempt(args.offline)}
     paired = [(s, offline_by_step[(s.get("epoch"), s.get("global_step"))]) for s in online_steps
-              if (s.get("epoch"), s.get("global_step")) in offline_by_step]  # fmt: skip
+              if (s.get("epoch"), s.get("global_step")) in offline_by_step]
     on, off = summary([p[0] for p in paired]), summary([p[1] for p in paired])
     loss_diff = max((abs(a["train"]["loss"] - b["train"]["loss"]) for a, b in paired), default=None)
     record = {
@@ -75,7 +75,7 @@ def main() -> None:
         "max_abs_loss_difference": loss_diff,
         "losses": [[round(a["train"]["loss"], 6), round(b["train"]["loss"], 6)] for a, b in paired],
         "online": {**on, "run_dir": str(args.online),
-                   "load": load(args.loadavg, on["first_step_time"] or 0, on["last_step_time"] or 0)},  # fmt: skip
+                   "load": load(args.loadavg, on["first_step_time"] or 0, on["last_step_time"] or 0)},
         "offline": {**off, "run_dir": str(args.offline)},
     }
     if args.extra:
@@ -83,11 +83,12 @@ def main() -> None:
 
     def row(name: str, s: dict) -> str:
         return (f"| {name} | {s['steps']} | {s['tokens']} | {s['step_seconds']} | {s['tokens_per_s']} | "
-                f"{s['median_step_tokens_per_s']} | {s['fetch_share']} | {s['compute_tokens_per_s']} |")  # fmt: skip
+                f"{s['median_step_tokens_per_s']} | {s['fetch_share']} | {s['compute_tokens_per_s']} |")
 
     busy = record["online"]["load"]
     lines = [
-        "| mode | paired steps | tokens | seconds of steps | tokens/s | median step tokens/s | fetch share of step time | compute-only tokens/s |",
+        "| mode | paired steps | tokens | seconds of steps | tokens/s | median step tokens/s | fetch share of step time "
+        "| compute-only tokens/s |",
         "|---|---|---|---|---|---|---|---|",
         row("offline", off),
         row("online", on),

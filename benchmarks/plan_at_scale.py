@@ -39,9 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from draftline.testing.tiny_model import build_tiny_model  # noqa: E402
 from record_run import header, header_line, this_command, write_record  # noqa: E402
 from workflow import REPO, SNAKEMAKE, fake_finished_run, planned_jobs, snakemake, write_config  # noqa: E402
+
+from draftline.testing.tiny_model import build_tiny_model  # noqa: E402
 
 TARGET = "results/lineage.json"
 
@@ -134,7 +135,7 @@ def plan_part(root: Path, model: Path, args) -> dict:
         "hidden_states": {"shards": args.hs_shards},
         "tokenize": {"max_seq_len": 1024},  # the tiny target's positions
         "vocab": {"draft_vocab_size": 256},
-    })  # fmt: skip
+    })
     scratch = []
     for _ in range(args.repeats):
         shutil.rmtree(workdir / ".snakemake", ignore_errors=True)

@@ -48,7 +48,7 @@ def main() -> None:
         shutil.copytree(REPO / "resources" / "prompts", work / "resources" / "prompts")
         shutil.copy(REPO / "config" / "config.yaml", work / "config.yaml")
         command = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work),
-                   "--configfile", str(work / "config.yaml"), "--cores", args.cores, "preflight"]  # fmt: skip
+                   "--configfile", str(work / "config.yaml"), "--cores", args.cores, "preflight"]
         threading.Thread(target=sample, daemon=True).start()
         started = time.monotonic()
         run = subprocess.run(command, capture_output=True, text=True)
@@ -59,7 +59,7 @@ def main() -> None:
         report = json.loads((work / "results/preflight/report.json").read_text())
         jobs = [*stage_times(work).to_dict("records"),
                 *({**r, "job": f"preflight/{r['job']}"} for r in stage_times(work, "results/preflight/benchmarks")
-                  .to_dict("records"))]  # fmt: skip
+                  .to_dict("records"))]
     jobs.sort(key=lambda r: r["start"])
     loads.sort()
     record = {

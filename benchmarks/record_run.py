@@ -55,7 +55,7 @@ def git_commit(*paths: str) -> str | None:
         if out.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *paths], cwd=REPO,
-                               capture_output=True, text=True)  # fmt: skip
+                               capture_output=True, text=True)
     except OSError:  # no git (e.g. a copy of the tree on a lent GPU machine)
         return None
     return out.stdout.strip() + ("+dirty" + "".join(f" {p}" for p in paths) if dirty.stdout.strip() else "")
@@ -167,7 +167,7 @@ def table(acceptance: dict) -> str:
             spread = (d.get("spread") or {}).get("bootstrap_95")
             lines.append(
                 f"| {name} | {data['prompts']} | {draft} | {d['mean_acceptance_length']:.3f} | "
-                f"{'[%.3f, %.3f]' % tuple(spread) if spread else '-'} | {d['acceptance_rate']:.3f} | "
+                f"{f'[{spread[0]:.3f}, {spread[1]:.3f}]' if spread else '-'} | {d['acceptance_rate']:.3f} | "
                 f"{' / '.join(f'{x:.3f}' for x in d['acceptance_per_position'])} | "
                 f"{d['output_tokens_per_s']} ({data['target_alone']['output_tokens_per_s']}) |"
             )

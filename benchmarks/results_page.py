@@ -18,7 +18,6 @@ the page is the same on every machine; tests/test_docs.py fails when it is out o
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 

@@ -1,9 +1,9 @@
 """Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.evaluate)."""
 
 from draftline.devices import claim_gpus
-from draftline.plan import check_job_environment
 from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
 from draftline.logs import log_to
+from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file

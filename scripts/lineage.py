@@ -5,8 +5,8 @@ import json
 import logging
 
 from draftline.atomic import atomic_file
-from draftline.provenance import build_lineage
 from draftline.logs import log_to
+from draftline.provenance import build_lineage
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

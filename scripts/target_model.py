@@ -3,9 +3,9 @@
 import dataclasses
 from pathlib import Path
 
+from draftline.logs import log_to
 from draftline.provenance import write_provenance
 from draftline.target_model import build_target, resolve_target
-from draftline.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

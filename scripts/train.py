@@ -3,10 +3,10 @@
 from dataclasses import replace
 
 from draftline.devices import claim_gpus
+from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
 from draftline.train import TrainInputs, TrainJob, TrainSettings, check_world_size, train
-from draftline.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -149,7 +149,7 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         host = socket.gethostname().split(".")[0]
         node = subprocess.run([_find("slurmd"), "-C"], capture_output=True, text=True, check=True)
-        node_line = next(l for l in node.stdout.splitlines() if l.startswith("NodeName="))
+        node_line = next(line for line in node.stdout.splitlines() if line.startswith("NodeName="))
         if self.cpus or self.memory_mb:
             fields = dict(f.split("=", 1) for f in node_line.split())
             cpus = self.cpus or int(fields["CPUs"])

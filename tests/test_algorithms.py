@@ -24,7 +24,7 @@ def test_dflash_config_is_what_speculators_builds_for_a_fresh_draft(tiny_model, 
 
     layer_ids.write(tmp_path / "layer_ids.json", resolve_layer_ids("auto", str(tiny_model)))
     out = write_speculator_config(tmp_path / "config", tiny_model, tmp_path / "layer_ids.json", 64,
-                                  DraftSettings(num_layers=2, block_size=4), algorithm="dflash")  # fmt: skip
+                                  DraftSettings(num_layers=2, block_size=4), algorithm="dflash")
     config = DFlashSpeculatorConfig.from_pretrained(out)
     assert config.speculators_model_type == "dflash" and config.block_size == 4
     assert config.aux_hidden_state_layer_ids == [2, 4, 5]

@@ -11,9 +11,9 @@ import yaml
 from safetensors.torch import save_file
 
 from draftline import hidden_states as hs
-from draftline.artifacts.layer_ids import LayerIds
-from draftline.engine import EngineSettings
 from draftline.artifacts import hidden_states as hsf
+from draftline.artifacts.hidden_states import validate_hidden_states
+from draftline.artifacts.layer_ids import LayerIds
 from draftline.checks import (
     EMBEDDED_SHAPE,
     ConfigError,
@@ -22,8 +22,8 @@ from draftline.checks import (
     shape_from_config,
     target_shape,
 )
-from draftline.artifacts.hidden_states import validate_hidden_states
 from draftline.disk import DiskLimitError, bytes_per_token, check_limit, estimate, write_estimate
+from draftline.engine import EngineSettings
 
 REPO_CONFIG = "config/config.yaml"
 
@@ -99,7 +99,8 @@ def test_the_online_server_takes_the_gpus_of_the_runs_vllm_split():
     its GPU count must be that split's."""
     online = {"mode": "online", "online_server_gpus": 1}
     shape = TargetShape(8, 128, 512, 1024, "tiny", 2, 2)
-    with pytest.raises(ConfigError, match=r"^hidden_states.online_server_gpus = 1, .* = 2 GPU\(s\): set hidden_states.online_server_gpus: 2"):
+    wanted = r"^hidden_states.online_server_gpus = 1, .* = 2 GPU\(s\): set hidden_states.online_server_gpus: 2"
+    with pytest.raises(ConfigError, match=wanted):
         check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cuda")
     check_config(small(target={"tensor_parallel_size": 2}, hidden_states={**online, "online_server_gpus": 2}), shape, "cuda")
     check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cpu")  # CPU: threads, not GPUs
@@ -174,7 +175,7 @@ def test_fp8_estimate_matches_real_fp8_files(tmp_path):
     for i, n in enumerate(lengths):
         states, scales = quantize_tensor_to_fp8(torch.randn(n, 4, 32))
         save_file({"hidden_states": states, "hidden_states_scales": scales, "token_ids": torch.arange(n)},
-                  str(tmp_path / f"hs_{i}.safetensors"))  # fmt: skip
+                  str(tmp_path / f"hs_{i}.safetensors"))
     on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
     est = estimate(sum(lengths), len(lengths), 32, 4, "float32", "fp8")
     assert est["bytes_per_token"] == 4 * 32 + 4 + 8
@@ -272,7 +273,8 @@ def test_bad_file_is_named_and_only_its_shard_is_removed(published, how, reason)
     assert validate_hidden_states(root / "dataset", root / "all", 4, 16, dtype="float32") == sum(map(len, ids))
     row = 4  # in shard_1 (rows 3..5)
     _corrupt(root / "shard_1" / hsf.file_name(row), how, ids[row])
-    with pytest.raises(hsf.HiddenStateFileError, match=rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1 and the view"):
+    wanted = rf"1 of 6 .*hs_{row}.safetensors \(dataset row {row}\): .*{reason}.*delete .*shard_1 and the view"
+    with pytest.raises(hsf.HiddenStateFileError, match=wanted):
         validate_hidden_states(root / "dataset", root / "all", 4, 16)
     assert (root / "shard_1").exists()  # reported, not removed, unless asked
     with pytest.raises(hsf.HiddenStateFileError, match=r"removed .*shard_1 and the view .*all; run the workflow again"):

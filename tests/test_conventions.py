@@ -1,5 +1,5 @@
-"""The community's workflow conventions: `snakemake --lint` clean, the `.test/` config plans the
-whole chain, every rule's directives in snakefmt's order, and the conda environment that
+"""The community's workflow conventions: `snakemake --lint` and `ruff check` clean, the `.test/`
+config plans the whole chain, every rule's directives in snakefmt's order, and the conda environment that
 `--sdm conda` builds pinned like the GPU lock."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow import REPO, SNAKEMAKE
 
 ENV_FILE = "../envs/gpu.yaml"  # as the rules name it (relative to rules/)
@@ -33,13 +32,21 @@ def run_in(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args],
         capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
 
 
 def test_lint_is_clean(test_dir):
     result = run_in(test_dir, "--lint")
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "Lints for" not in text, text[-6000:]
+
+
+def test_ruff_check_is_clean():
+    """The Python code passes the linter as pyproject.toml configures it ([tool.ruff])."""
+    ruff = shutil.which("ruff", path=str(Path(SNAKEMAKE).parent))
+    assert ruff, f"ruff is not installed beside {SNAKEMAKE} (requirements/cpu.lock.txt pins it)"
+    result = subprocess.run([ruff, "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
 
 
 def planned_rules(result: subprocess.CompletedProcess) -> set[str]:
@@ -103,7 +110,7 @@ def test_conda_env_pins_what_the_gpu_lock_pins():
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     lock = REPO / f"requirements/gpu-py{python.split('=')[1]}.lock.txt"
     pins = [line.strip() for line in lock.read_text().splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+            if line.strip() and not line.lstrip().startswith("#")]
     assert len(pins) > 100 and all(re.fullmatch(r"[A-Za-z0-9_.-]+==\S+", pin) for pin in pins), lock
     assert pip_list(REPO / "envs/gpu.yaml") == pins
     deploy = (REPO / "envs/gpu.post-deploy.sh").read_text()

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow import REPO, load_published_draft, snakemake, write_config
 
 pytestmark = pytest.mark.slow

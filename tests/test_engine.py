@@ -94,7 +94,7 @@ def test_the_default_settings_load_the_target_as_before(monkeypatch):
     assert engine.engine_kwargs(settings, cuda=False) == {
         "dtype": "float32", "max_model_len": 2048, "enforce_eager": True, "trust_remote_code": False, "seed": 0,
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
-    }  # fmt: skip
+    }
     # on CUDA only the stage's memory share is added (extraction 0.85; None: vLLM's own)
     cuda = engine.engine_settings(_config(), {"device": "cuda", "dtype": "bfloat16", "enforce_eager": False})
     assert engine.engine_kwargs(cuda, cuda=True, gpu_memory_utilization=0.85)["gpu_memory_utilization"] == 0.85
@@ -114,23 +114,23 @@ def test_the_vllm_settings_and_engine_args_reach_the_engine(cpu_env, monkeypatch
     monkeypatch.setattr(vllm, "LLM", _Recorder)
     config = _config(max_num_seqs=16, max_model_len=1024, quantization="fp8", kv_cache_dtype="fp8_e4m3",
                      enforce_eager=False, cpu_kv_cache_gib=3, gpu_memory_utilization=0.6,
-                     engine_args={"max_num_batched_tokens": 4096, "block_size": 32})  # fmt: skip
+                     engine_args={"max_num_batched_tokens": 4096, "block_size": 32})
     settings = engine.engine_settings(config, resolved_settings(config, "cpu")["engine"])
     llm = engine.target_llm("/target", engine.EngineSettings.stage(settings, engine.EngineSettings, threads=1),
-                            speculative_config={"method": "eagle3"})  # fmt: skip
+                            speculative_config={"method": "eagle3"})
     assert llm.kwargs == {
         "model": "/target", "dtype": "float32", "max_model_len": 1024, "enforce_eager": False, "trust_remote_code": False,
         "seed": 0, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_num_seqs": 16, "quantization": "fp8",
         "kv_cache_dtype": "fp8_e4m3", "max_num_batched_tokens": 4096, "block_size": 32,
         "speculative_config": {"method": "eagle3"},
-    }  # fmt: skip
+    }
     # gpu_memory_utilization: CUDA only
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     # what decides staleness: the output-changing fields only
     assert engine.output_settings(settings) == {
         "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_model_len": 1024,
         "engine_args": {"block_size": 32, "max_num_batched_tokens": 4096},
-    }  # fmt: skip
+    }
 
 
 def test_engine_args_that_draftline_sets_are_refused_by_name():
@@ -144,5 +144,5 @@ def test_expert_parallel_is_refused_on_cpu_and_passed_on_cuda():
     with pytest.raises(engine.EngineSettingsError, match=r"vllm.enable_expert_parallel: true is refused on CPU"):
         engine.engine_settings(_config(enable_expert_parallel=True), CPU)
     cuda = engine.engine_settings(_config(enable_expert_parallel=True), {"device": "cuda", "dtype": "bfloat16",
-                                                                         "enforce_eager": False})  # fmt: skip
+                                                                         "enforce_eager": False})
     assert engine.engine_kwargs(cuda, cuda=True)["enable_expert_parallel"] is True

@@ -164,7 +164,7 @@ def test_the_plan_reads_the_gpu_pins_from_the_locks_and_refuses_locks_that_disag
 
     assert plan.pinned_versions(REPO, "cuda", ("vllm", "torch", "speculators", "transformers")) == {
         "speculators": "0.9.0", "torch": "2.13.0", "transformers": "5.19.0", "vllm": "0.32.0",
-    }  # fmt: skip  (requirements/gpu.in's pins, as the locks resolved them)
+    }  # requirements/gpu.in's pins, as the locks resolved them
     shutil.copytree(REPO / "requirements", tmp_path / "requirements")
     lock = tmp_path / "requirements/gpu-py3.12.lock.txt"
     lock.write_text(lock.read_text().replace("\nvllm==0.32.0\n", "\nvllm==0.99.0\n"))

@@ -7,7 +7,6 @@ import json
 import re
 
 import yaml
-
 from workflow import REPO
 
 EVAL = REPO / "resources" / "prompts" / "eval"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from workflow import REPO, planned_jobs, snakemake, write_config
 
 from draftline.evaluate import (
     ACCEPTED,
@@ -29,7 +30,6 @@ from draftline.evaluate import (
     read_counters,
 )
 from draftline.train import name_verifier
-from workflow import REPO, planned_jobs, snakemake, write_config
 
 K = 3
 DRAFT_VOCAB = 64
@@ -38,7 +38,7 @@ CANDIDATES = [
     "What is 2 + 2?", "Tell me a joke.", "Describe the sea.", "Count to five.", "List three fruits.",
     "What does a CPU do?", "Say hello in Spanish.", "Write a haiku about rain.", "Explain gravity.",
     "How do I boil an egg?", "What is a hash table?", "Give me a tip for sleeping well.",
-]  # fmt: skip
+]
 
 
 # ---------------------------------------------------------------- no engine
@@ -65,7 +65,7 @@ def test_counters_are_read_from_vllm_metric_objects_and_summed_over_engines():
                 Counter(DRAFTS, labels, drafts // 2), Counter(DRAFT_TOKENS, labels, draft_tokens // 2),
                 Counter(ACCEPTED, labels, accepted // 2), Counter(PROMPT_TOKENS, labels, 10),
                 Counter(GENERATION_TOKENS, labels, 20), Vector(ACCEPTED_PER_POS, labels, [p // 2 for p in per_pos]),
-            ]  # fmt: skip
+            ]
         return read_counters(metrics)
 
     before = snapshot(10, 30, 8, [6, 2, 0])
@@ -101,7 +101,7 @@ def test_loss_per_epoch_and_benchmarks(tmp_path):
     metrics.write_text("\n".join(json.dumps(r) for r in [
         {"epoch": 0, "global_step": 0, "train": {"loss": 3.0}}, {"epoch": 0, "global_step": 1, "train": {"loss": 1.0}},
         {"epoch": 0, "val": {"loss_epoch": 1.5}}, {"epoch": 1, "global_step": 2, "train": {"loss": 0.5}},
-    ]) + "\n{\"epoch\": 1, \"val\": {\"loss_ep")  # fmt: skip  (a line cut by a kill)
+    ]) + "\n{\"epoch\": 1, \"val\": {\"loss_ep")  # a line cut by a kill
     assert loss_per_epoch(metrics) == {0: {"train": 2.0, "val": 1.5}, 1: {"train": 0.5}}
     (tmp_path / "bench" / "report").mkdir(parents=True)
     (tmp_path / "bench" / "hidden_states").mkdir()
@@ -170,7 +170,7 @@ def evaluation(tiny_model, tmp_path_factory):
     heldout.write_text("".join(
         json.dumps({"id": f"p{i}", "source": "t", "messages": [{"role": "user", "content": p}]}) + "\n"
         for i, p in enumerate(chosen)
-    ))  # fmt: skip
+    ))
     # a user's own prompt set, in another format (plain prompts), measured beside the test set
     mine = tmp / "mine.jsonl"
     mine.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in chosen[:2]))
@@ -197,10 +197,10 @@ def evaluation(tiny_model, tmp_path_factory):
         summary = ev.evaluate(
             tiny_model, {"test": heldout, "mine": mine}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
-        )  # fmt: skip
+        )
     written = json.loads((tmp / "acceptance.json").read_text())
     return {"summary": summary, "json": written, "readings": readings, "engines": engines,
-            "oracle": oracle, "untrained": untrained, "prompts": chosen, "config": config, "tmp": tmp}  # fmt: skip
+            "oracle": oracle, "untrained": untrained, "prompts": chosen, "config": config, "tmp": tmp}
 
 
 PUBLISHED_TARGET = "acme/not-on-this-machine"
@@ -363,7 +363,7 @@ def test_paired_bootstrap_of_a_constant_shift_is_that_shift():
     from draftline.evaluate import spread
 
     spec = [("p0", 8, [0, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
-            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0])]  # fmt: skip
+            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0])]
     a = _rows(spec)
     b = _rows([(i, d, [pos[0] + d // 4, *pos[1:]]) for i, d, pos in reversed(spec)])  # another order: paired by id
     difference = paired_difference(b, a, seed=3)
@@ -374,7 +374,7 @@ def test_paired_bootstrap_of_a_constant_shift_is_that_shift():
     def unpaired(block):
         return spread([{"num_accepted_draft_tokens": r[3], "num_spec_steps": r[1]} for r in block["rows"]], seed=3)["bootstrap_95"]
 
-    (low_a, high_a), (low_b, high_b) = unpaired(a), unpaired(b)
+    (low_a, high_a), (low_b, _) = unpaired(a), unpaired(b)
     assert low_b < high_a and high_a - low_a > 1.0  # the separate intervals cannot tell
 
 
@@ -385,7 +385,7 @@ def test_one_drafts_intervals_match_the_sets_spread_and_bracket_each_position():
     from draftline.evaluate import spread
 
     spec = [("p0", 8, [1, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
-            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0]), ("p6", 0, [0, 0, 0])]  # fmt: skip
+            ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0]), ("p6", 0, [0, 0, 0])]
     block = _rows(spec)
     result = intervals(block, seed=2)
     assert result["prompts"] == 6  # p6 drafted nothing: no acceptance to count
@@ -424,7 +424,7 @@ def test_per_prompt_counts_add_up_to_each_sets_counters(evaluation):
             assert totals(block["per_prompt"]) == {
                 "drafts": c[DRAFTS], "draft_tokens": c[DRAFT_TOKENS], "accepted": c[ACCEPTED],
                 "accepted_per_position": c[ACCEPTED_PER_POS],
-            }, (name, draft)  # fmt: skip
+            }, (name, draft)
             for row in rows:
                 assert json.dumps(row) in text  # one line per prompt
         paired = data["trained_minus_untrained"]
@@ -432,7 +432,7 @@ def test_per_prompt_counts_add_up_to_each_sets_counters(evaluation):
         assert paired == paired_difference(trained["per_prompt"], untrained["per_prompt"], seed=0)
         assert paired["mean_acceptance_lengths"] == [
             round(trained["mean_acceptance_length"], 4), round(untrained["mean_acceptance_length"], 4)
-        ]  # fmt: skip
+        ]
         low, high = paired["bootstrap_95"]
         assert 0 < low <= paired["mean_acceptance_length"] <= high  # the oracle beats the untrained draft on every resample
 
@@ -446,7 +446,7 @@ def test_compare_acceptance_pairs_two_evaluations_and_refuses_other_prompts(eval
     script = [sys.executable, str(REPO / "benchmarks" / "compare_acceptance.py")]
     one = tmp / "acceptance.json"
     run = subprocess.run([*script, str(one), str(one), "--draft-b", "untrained", "--json", str(tmp_path / "d.json")],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True, check=True)
     paired = result["sets"]["test"]["trained_minus_untrained"]
     low, high = paired["bootstrap_95"]
     assert f"A - B: {paired['mean_acceptance_length']:+.4f}, paired 95% bootstrap [{low}, {high}]" in run.stdout
@@ -491,7 +491,7 @@ def test_tensor_parallel_evaluation_counts_the_same(evaluation, tiny_model):
     summary = evaluate(
         tiny_model, {"test": tmp / "heldout.jsonl"}, {"trained": evaluation["oracle"]}, tmp / "acceptance_tp2.json",
         EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=2, tensor_parallel_size=2),
-    )  # fmt: skip
+    )
     assert summary["lossless"] is True and summary["settings"]["tensor_parallel_size"] == 2
     split, whole = summary["sets"]["test"], evaluation["json"]["sets"]["test"]
     counters = split["drafts"]["trained"]["counters"]
@@ -533,7 +533,7 @@ def _fabricate_results(workdir: Path) -> None:
     (r / "checkpoint" / "final" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [
         {"epoch": 0, "global_step": 0, "train": {"loss": 2.0}}, {"epoch": 0, "val": {"loss_epoch": 1.8}},
         {"epoch": 1, "global_step": 1, "train": {"loss": 1.2}}, {"epoch": 1, "val": {"loss_epoch": 1.4}},
-    ]))  # fmt: skip
+    ]))
     (r / "checkpoint" / "final" / "draftline_provenance.json").write_text(
         json.dumps({"run_dir": "results/checkpoint/runs/abc", "chosen_epoch": 1, "val_loss_per_epoch": {"0": 1.8, "1": 1.4}})
     )
@@ -542,23 +542,23 @@ def _fabricate_results(workdir: Path) -> None:
         "trained": {"acceptance_per_position": [0.4, 0.2, 0.05], "mean_acceptance_length": 1.65,
                     "spread": {"bootstrap_95": [1.5, 1.8]}},
         "untrained": {"acceptance_per_position": [0.0, 0.0, 0.0], "mean_acceptance_length": 1.0, "spread": None},
-    }  # fmt: skip
+    }
     (r / "eval" / "acceptance.json").write_text(json.dumps({
         "num_speculative_tokens": 3, "prompts": 5, "drafts": drafts, "headline_set": "test",
         "sets": {"validation": {"prompts": 4, "drafts": drafts}, "test": {"prompts": 5, "drafts": drafts}},
-    }))  # fmt: skip
+    }))
     (r / "tokenized").mkdir()
     torch.save({5: 40, 9: 30, 11: 20, 300: 10}, r / "tokenized" / "token_freq.pt")
     (r / "vocab").mkdir()
     (r / "vocab" / "summary.json").write_text(json.dumps({
         "draft_vocab_size": 2, "target_vocab_size": 512, "assistant_tokens": 100, "coverage": 0.7,
-    }))  # fmt: skip
+    }))
     for shard in (0, 1):
         d = r / "hidden_states" / f"shard_{shard}"
         d.mkdir(parents=True)
         (d / "manifest.json").write_text(json.dumps({
             "shard": shard, "num_rows": 3, "tokens": 100 + shard, "bytes": 2048 * (100 + shard), "dtype": "float32",
-        }))  # fmt: skip
+        }))
     (r / "benchmarks").mkdir()
     for name, s in [("regenerate", 30.5), ("train", 12.0), ("evaluate", 40.0)]:
         (r / "benchmarks" / f"{name}.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:30\t100\n")
@@ -570,7 +570,7 @@ def test_report_rules_draw_the_plots_and_snakemake_writes_the_html(tmp_path, tin
     write_config(workdir, {
         "target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 0, "test": 1},
         "tokenize": {"max_seq_len": 256}, "vocab": {"draft_vocab_size": 2},
-    })  # fmt: skip
+    })
     _fabricate_results(workdir)
     targets = [f"results/report/{p}.png" for p in PLOTS]
     # only the report rules: the fabricated results stand in for the stages' outputs

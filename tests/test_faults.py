@@ -18,11 +18,11 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
+from workflow import REPO, planned_jobs, snakemake, write_config
 
 from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.hidden_states import validate_hidden_states
-from workflow import REPO, planned_jobs, snakemake, write_config
 
 CONVERSATIONS = [
     [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
@@ -255,8 +255,8 @@ def test_corrupted_hidden_state_file_reruns_only_its_shard(tokenized, tmp_path):
 def test_config_loaders_never_run_model_code_by_default(tiny_model, tmp_path):
     """A folder whose config points at its own Python: every loader the stages use refuses it."""
     from draftline.artifacts.target import dims as target_dims
-    from draftline.layers import resolve_layer_ids
     from draftline.artifacts.target import vocab_size as target_vocab_size
+    from draftline.layers import resolve_layer_ids
 
     folder = tmp_path / "remote"
     shutil.copytree(tiny_model, folder)

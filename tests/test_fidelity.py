@@ -34,7 +34,7 @@ from draftline.fidelity import (
 )
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
-             "List three fruits.", "How do I boil an egg?", "Name a color."]  # fmt: skip
+             "List three fruits.", "How do I boil an egg?", "Name a color."]
 
 
 class Forward:
@@ -52,7 +52,7 @@ class Forward:
         self.rows = []  # (token ids, loss mask): prompt 0, the target's greedy answer 1
         for question in QUESTIONS[:rows]:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"]  # fmt: skip
+                                                   return_dict=True)["input_ids"]
             with torch.no_grad():
                 out = self.model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)[0].tolist()
             self.rows.append((out, [0] * len(prompt) + [1] * (len(out) - len(prompt))))
@@ -168,7 +168,7 @@ def _small_model(folder, kind: str, tie: bool, shard: str | None = None):
 
     torch.manual_seed(0)
     shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2, head_dim=32, tie_word_embeddings=tie)  # fmt: skip
+                 num_key_value_heads=2, head_dim=32, tie_word_embeddings=tie)
     config = GemmaConfig(**shape) if kind == "gemma" else LlamaConfig(**shape)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # a final norm weight that is not all ones, so the (1 + w) form shows
@@ -237,7 +237,7 @@ class CorruptBackend:
         for r in request.rows:
             states = self.corrupt(r, self.forward.states(r))
             save_file({"hidden_states": states.contiguous(), "token_ids": torch.tensor(request.token_ids[r])},
-                      str(request.dest / hsf.file_name(r)))  # fmt: skip
+                      str(request.dest / hsf.file_name(r)))
         return backends.Extracted(sum(len(request.token_ids[r]) for r in request.rows), 0.0, 0.1)
 
 
@@ -274,7 +274,7 @@ def test_an_extraction_with_wrong_states_publishes_nothing_and_keeps_its_staged_
     assert sorted(p.name for p in staged) == ["hs_2.safetensors", "hs_3.safetensors"]
 
     manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, 1, 2, out, backend="transformers",
-                                fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test"))  # fmt: skip
+                                fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test"))
     assert broken.calls == 1 and manifest["reused_rows"] == 2  # the staged files, not a new extraction
     assert manifest["fidelity"]["top1_assistant"] < 0.2 and manifest["fidelity"]["min_top1"] == 0.0
     assert hsf.read_manifest(out)["fidelity"]["rows"] == [2, 3]
@@ -289,7 +289,7 @@ def test_an_extraction_with_right_states_records_its_fidelity_in_the_manifest_an
     shards = [tmp_path / "hidden_states" / f"shard_{k}" for k in range(2)]
     for k, out in enumerate(shards):
         manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, k, 2, out, backend="transformers",
-                                    fidelity=greedy)  # fmt: skip
+                                    fidelity=greedy)
         assert manifest["fidelity"]["rows"] == [2 * k + 1]  # one row: the middle of the shard's two
         assert manifest["fidelity"]["top1_assistant"] >= 0.99
     view = hs.build_training_view(shards, tmp_path / "hidden_states" / "all")
@@ -318,15 +318,15 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
     rng = random.Random(0)
     noise = [[rng.randrange(1, 500) for _ in range(len(ids))] for ids, _ in tiny.rows]
     Dataset.from_dict({"input_ids": noise, "loss_mask": [m for _, m in tiny.rows],
-                       "seq_len": list(map(len, noise))}).save_to_disk(str(tmp_path / "noise"))  # fmt: skip
+                       "seq_len": list(map(len, noise))}).save_to_disk(str(tmp_path / "noise"))
     settings = ServerSettings(target_dir=str(tiny.target), extracted=tuple(tiny.extracted), cuda=False,
-                              engine=EngineSettings(max_model_len=256, dtype="float32", enforce_eager=True, threads=1))  # fmt: skip
+                              engine=EngineSettings(max_model_len=256, dtype="float32", enforce_eager=True, threads=1))
     greedy = FidelitySettings(rows=3, min_top1=AUTO_MIN_TOP1_GREEDY, basis="auto: greedy regenerated answers")
     source = HiddenStateSource(mode="online", server_log=str(tmp_path / "server.log"), fidelity=greedy)
 
     def inputs(dataset):
         return TrainInputs(config_dir=tmp_path, dataset=dataset, hidden_states=None, d2t=tmp_path, t2d=tmp_path,
-                           layer_ids=tmp_path, target=str(tiny.target))  # fmt: skip
+                           layer_ids=tmp_path, target=str(tiny.target))
 
     with VllmServer(settings, tmp_path / "scratch", source.server_log) as server:
         record = check_online_fidelity(inputs(greedy_dataset), server.endpoint, source, settings)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow import REPO, copy_workflow
 
 pytestmark = pytest.mark.gpu_env
@@ -112,7 +111,7 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
     # DRAFTLINE_COMPILE_BYTECODE=0: no bytecode for these two builds, which checks installs, imports and
     # plans, not speed (with it the test took minutes longer: benchmarks/results/test_suite_time.md)
     env.update(DRAFTLINE_ENV="gpu", DRAFTLINE_VENV=str(venv), UV_CACHE_DIR=str(uv_cache), DRAFTLINE_COMPILE_BYTECODE="0",
-               HF_HOME=str(offline_hub_cache(tmp_path / "hf")), HF_HUB_OFFLINE="1")  # fmt: skip
+               HF_HOME=str(offline_hub_cache(tmp_path / "hf")), HF_HUB_OFFLINE="1")
     draftline = str(REPO / "draftline")
     try:
         # 0. the CPU environment first, in the same folder, as on a login node that built the
@@ -150,7 +149,7 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
         work = copy_workflow(tmp_path / "work")
         for preset, (profile, hub_id, _) in RECIPES.items():
             out = run([draftline, "snakemake", "-n", "results/checkpoint/final", "--workflow-profile",
-                       f"profiles/{profile}", f"--configfile=config/presets/{preset}.yaml"], work, env)  # fmt: skip
+                       f"profiles/{profile}", f"--configfile=config/presets/{preset}.yaml"], work, env)
             text = out.stdout + out.stderr
             # the profile keeps the default device (auto): jobs on the Slurm executor's nodes plan cuda
             assert "draftline: planned for cuda (device: auto; the jobs run on the slurm executor's nodes)" in text, text[-3000:]
@@ -158,7 +157,7 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
             config = yaml.safe_load((REPO / "config/presets" / f"{preset}.yaml").read_text())
             held_out = config["prompts"]["validation"] + config["prompts"]["test"]
             assert re.search(rf"draftline: sizing for {re.escape(hub_id.split('/')[1])} on cuda: "
-                             rf"{865 - held_out} training conversations x <= 2,048 tokens", text), text[-3000:]  # fmt: skip
+                             rf"{865 - held_out} training conversations x <= 2,048 tokens", text), text[-3000:]
             # every job to the checkpoint, the shards as the preset sets them; the cached snapshot
             # is used in place (no target_model job)
             assert job_stats(out.stdout) == {
@@ -166,7 +165,7 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
                 "regenerate_shard": config["regenerate"]["shards"], "regenerate_merge": 1, "tokenize": 1,
                 "hidden_states_disk_estimate": 1, "vocab": 1, "hidden_states_shard": config["hidden_states"]["shards"],
                 "hidden_states_view": 1, "train": 1,
-            }, text[-3000:]  # fmt: skip
+            }, text[-3000:]
     finally:
         shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(uv_cache, ignore_errors=True)

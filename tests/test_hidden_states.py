@@ -142,7 +142,8 @@ def test_tensor_parallel_states_match_unsplit_on_every_layer(tiny_model, dataset
         a = load_file(whole / "shard_0" / hsf.file_name(i))["hidden_states"]
         b = load_file(split / "shard_0" / hsf.file_name(i))["hidden_states"]
         for j, layer in enumerate(layers):
-            torch.testing.assert_close(b[:, j], a[:, j], rtol=0, atol=SPLIT_ATOL, msg=lambda m, j=j, layer=layer: f"row {i} layer {layer}: {m}")
+            torch.testing.assert_close(b[:, j], a[:, j], rtol=0, atol=SPLIT_ATOL,
+                                       msg=lambda m, i=i, layer=layer: f"row {i} layer {layer}: {m}")
 
 
 @pytest.mark.dag
@@ -210,7 +211,8 @@ def test_validation_catches_broken_files(tmp_path):
         hsf.validate_hidden_state_file(good, ids[:3], 3, 16, row=7)
     # wrong layer count, hidden size, dtype: the message names the file, its row and what is wrong
     where = r"hs_7.safetensors \(dataset row 7\): "
-    with pytest.raises(hsf.HiddenStateFileError, match=where + r"hidden_states has shape \(4, 3, 16\), expected \[4, 4, 16\] \(4 extracted layers\)"):
+    wanted = where + r"hidden_states has shape \(4, 3, 16\), expected \[4, 4, 16\] \(4 extracted layers\)"
+    with pytest.raises(hsf.HiddenStateFileError, match=wanted):
         hsf.validate_hidden_state_file(good, ids, 4, 16, row=7)
     with pytest.raises(hsf.HiddenStateFileError, match=where + r"hidden_states has shape \(4, 3, 16\), expected \[4, 3, 32\]"):
         hsf.validate_hidden_state_file(good, ids, 3, 32, row=7)
@@ -219,7 +221,8 @@ def test_validation_catches_broken_files(tmp_path):
     # one layer's tensor instead of the captured layers (the failure seen with distributed workers)
     one_layer = tmp_path / "hs_8.safetensors"
     _write(one_layer, torch.randn(4, 16), ids)
-    with pytest.raises(hsf.HiddenStateFileError, match=r"hs_8.safetensors \(dataset row 8\): hidden_states has shape \(4, 16\), expected \[seq_len, layers, hidden\]"):
+    wanted = r"hs_8.safetensors \(dataset row 8\): hidden_states has shape \(4, 16\), expected \[seq_len, layers, hidden\]"
+    with pytest.raises(hsf.HiddenStateFileError, match=wanted):
         hsf.validate_hidden_state_file(one_layer, ids, 3, 16, row=8)
     for bad_value in (float("nan"), float("inf")):
         bad = tmp_path / "bad.safetensors"
@@ -338,7 +341,7 @@ def extracted_fp8(tiny_model, dataset, tmp_path_factory):
     manifest = hs.extract_shard(
         dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
         EngineSettings(dtype="float32", threads=1, enforce_eager=True), rows_per_call=4, format="fp8",
-    )  # fmt: skip
+    )
     return root, manifest
 
 
@@ -372,7 +375,7 @@ def test_fp8_files_are_speculators_layout_and_close_to_full_precision(dataset, e
     hs.build_training_view([shard], root / "all")
     assert json.loads((root / "all" / hsf.MANIFEST).read_text())["format"] == "fp8"
     data = ArrowDataset(max_len=256, datapath=str(path), transfer=FP8Transfer(root / "all"), on_missing="raise",
-                        hidden_states_dtype=torch.float32)  # fmt: skip
+                        hidden_states_dtype=torch.float32)
     item = data[3]
     assert item["hidden_states"].shape == (len(ids[3]), 3 * 128)
     assert torch.isfinite(item["hidden_states"].float()).all()
@@ -384,7 +387,7 @@ def test_transformers_backend_writes_fp8_too(tiny_model, dataset, extracted, tmp
     manifest = hs.extract_shard(
         path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
         EngineSettings(dtype="float32", threads=1), backend="transformers", format="fp8",
-    )  # fmt: skip
+    )
     assert manifest["format"] == "fp8" and manifest["backend"] == "transformers"
     errors = _fp8_errors(extracted[0] / "shard_0", tmp_path / "shard_0", ids)
     assert all(e < FP8_MAX_RELATIVE_ERROR for e in errors), errors

@@ -106,7 +106,7 @@ def test_a_target_too_big_for_one_gpu_is_split_over_the_jobs_gpus_in_whole_layer
     from accelerate.utils import compute_module_sizes
     from transformers import AutoModelForCausalLM
 
-    from draftline.backends.transformers import device_map_for, describe_device_map
+    from draftline.backends.transformers import describe_device_map, device_map_for
 
     config, room = _llama_8b_config(), 12 * 2**30
     placement = device_map_for(config, dict.fromkeys(range(gpus), room), "bfloat16")

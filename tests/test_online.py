@@ -18,12 +18,23 @@ from pathlib import Path
 import pytest
 import yaml
 from workflow import (
-    AFTER_TRAIN, copy_run, load_published_draft, planned_jobs, snakemake, speculative_decoding_in_vllm, write_config,
+    AFTER_TRAIN,
+    copy_run,
+    load_published_draft,
+    planned_jobs,
+    snakemake,
+    speculative_decoding_in_vllm,
+    write_config,
 )
 
 from draftline.backends import vllm_server
 from draftline.backends.vllm_server import (
-    ServerError, ServerSettings, VllmServer, _group_alive, server_command, server_env,
+    ServerError,
+    ServerSettings,
+    VllmServer,
+    _group_alive,
+    server_command,
+    server_env,
 )
 from draftline.engine import EngineSettings, engine_settings
 from draftline.plan import resolved_settings
@@ -39,7 +50,7 @@ def test_the_gpu_split_gives_the_server_the_first_devices_and_the_trainer_the_re
         split_devices(["0"], 1)  # nothing left for the Trainer
     # the plan's world size is the Trainer's share; the job checks it against its GPUs
     config = {"target": {"dtype": "auto"}, "train": {"optimizer": "auto", "num_workers": "auto"},
-              "hidden_states": {"mode": "online", "online_server_gpus": 1}}  # fmt: skip
+              "hidden_states": {"mode": "online", "online_server_gpus": 1}}
     planned = resolved_settings(config, "cuda", train_gpus=4)["train"]
     assert planned["world_size"] == 3
     assert check_world_size(planned, 4, server_gpus=1) == 4
@@ -61,7 +72,7 @@ def test_the_server_command_and_environment_follow_the_device():
     assert "--enforce-eager" in command and "--gpu-memory-utilization" not in command
     assert server_env(cpu, None)["OMP_NUM_THREADS"] == "3"
     cuda = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "bfloat16", enforce_eager=False, tensor_parallel_size=2),
-                          cuda=True)  # fmt: skip
+                          cuda=True)
     command = server_command(cuda, 4321, "/scratch")
     assert json.loads(command[command.index("--kv-transfer-config") + 1])["kv_connector"] == "ExampleHiddenStatesConnector"
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
@@ -87,7 +98,7 @@ def test_the_online_server_loads_the_target_with_the_runs_vllm_settings(monkeypa
         "vllm": {"gpu_memory_utilization": 0.7, "max_num_seqs": 64, "kv_cache_dtype": "fp8", "quantization": "fp8",
                  "enable_expert_parallel": True, "cpu_kv_cache_gib": 5,
                  "engine_args": {"block_size": 32, "max_num_batched_tokens": 4096}},
-    }  # fmt: skip
+    }
     engine = engine_settings(config, {"device": "cuda", "dtype": "bfloat16", "enforce_eager": False})
     from dataclasses import replace
 
@@ -218,7 +229,7 @@ def test_online_mode_plans_no_hidden_state_jobs(tiny_model, tmp_path):
     """From nothing: offline plans the extraction jobs, online none (and no disk plot)."""
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(8)))
     config = {"target": {"model": str(tiny_model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
-              "hidden_states": {"shards": 2}, "vocab": {"draft_vocab_size": 256}, "tokenize": {"max_seq_len": 256}, "train": {"epochs": 1}}  # fmt: skip
+              "hidden_states": {"shards": 2}, "vocab": {"draft_vocab_size": 256}, "tokenize": {"max_seq_len": 256}, "train": {"epochs": 1}}
     write_config(tmp_path, config)
     offline = planned_jobs(tmp_path, "results/lineage.json")
     assert offline["hidden_states_shard"] == 2 and offline["hidden_states_view"] == 1
@@ -227,7 +238,7 @@ def test_online_mode_plans_no_hidden_state_jobs(tiny_model, tmp_path):
     hidden = {rule for rule in online if rule.startswith(("hidden_states", "report_hidden_states"))}
     assert not hidden and online["train"] == 1
     assert set(offline) - set(online) == {"hidden_states_disk_estimate", "hidden_states_shard", "hidden_states_view",
-                                          "report_hidden_states_disk"}  # fmt: skip
+                                          "report_hidden_states_disk"}
     # the disk plan, before anything is tokenized (from the prompt count x max_seq_len): the
     # samples in flight, not the shard files that offline would keep
     out = snakemake(tmp_path, "-n", "results/lineage.json")
@@ -267,7 +278,7 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
 
     def new_epochs() -> list[Path]:
         return sorted((d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
-                       if d.name.isdigit() and (d / "training_state.json").exists()), key=lambda d: int(d.name))  # fmt: skip
+                       if d.name.isdigit() and (d / "training_state.json").exists()), key=lambda d: int(d.name))
 
     # The signal to snakemake's whole process group mid-training. The server is a session of its
     # own, so it gets none: after SIGKILL (no finally runs in the job) it goes by
@@ -419,11 +430,11 @@ def online_inputs(tiny_model, tmp_path):
     save_token_frequency_distribution(dataset, root / "tokenized" / "token_freq.pt")
     (root / "layer_ids.json").write_text(json.dumps({"aux": AUX, "extracted": [*AUX, 8], "num_hidden_layers": 8}))
     write_vocab(root / "tokenized" / "token_freq.pt", tiny_model, DRAFT_VOCAB,
-                root / "vocab" / "d2t.npy", root / "vocab" / "t2d.npy", root / "vocab" / "summary.json")  # fmt: skip
+                root / "vocab" / "d2t.npy", root / "vocab" / "t2d.npy", root / "vocab" / "summary.json")
     write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", DRAFT_VOCAB)
     inputs = TrainInputs(config_dir=root / "config", dataset=root / "tokenized" / "dataset", hidden_states=None,
                          d2t=root / "vocab" / "d2t.npy", t2d=root / "vocab" / "t2d.npy",
-                         layer_ids=root / "layer_ids.json", target=str(tiny_model))  # fmt: skip
+                         layer_ids=root / "layer_ids.json", target=str(tiny_model))
     return inputs, dataset
 
 
@@ -451,7 +462,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
 
     def stand_in(settings, port, storage):
         return [sys.executable, str(script), str(port), settings.target_dir, str(storage), str(fail_file),
-                str(requests), "128", str(len(settings.extracted))]  # fmt: skip
+                str(requests), "128", str(len(settings.extracted))]
 
     monkeypatch.setattr(vllm_server, "server_command", stand_in)
     results = tmp_path / "results"
@@ -463,7 +474,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
         # and the stand-in's states are not the target's; only the Trainer's skips are counted here
         return HiddenStateSource(mode="online", ready_timeout_s=60, max_seq_len=256, dtype="float32",
                                  server_log=str(tmp_path / "logs/train_vllm_server.log"), max_skipped_samples=allowed,
-                                 fidelity=FidelitySettings(rows=0))  # fmt: skip
+                                 fidelity=FidelitySettings(rows=0))
 
     with pytest.raises(RuntimeError) as failed:
         train(inputs, settings, TrainJob(runs, final, threads=2), source=source(0))
@@ -485,7 +496,7 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     assert not requests.exists()
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     assert provenance["skipped_samples"] == {"total": 2, "training": 1, "validation": 1, "allowed": 2,
-                                             "per_epoch": {"1": {"training": 1, "validation": 1}}}  # fmt: skip
+                                             "per_epoch": {"1": {"training": 1, "validation": 1}}}
     summary = build_summary(results, run_name="online", target="tiny", device="cpu")
     assert summary["training"]["skipped_samples"]["total"] == 2
     assert any("skipped 2 sample(s)" in w and "online_max_skipped_samples allows 2" in w for w in summary["warnings"])
@@ -510,7 +521,7 @@ def test_a_row_the_server_fails_in_the_fidelity_check_names_the_row_and_the_log(
     script.write_text(FAILING_SERVER)
     monkeypatch.setattr(vllm_server, "server_command", lambda settings, port, storage: [
         sys.executable, str(script), str(port), settings.target_dir, str(storage), str(fail_file), str(requests),
-        "128", str(len(settings.extracted))])  # fmt: skip
+        "128", str(len(settings.extracted))])
     log = tmp_path / "logs/train_vllm_server.log"
     source = HiddenStateSource(mode="online", ready_timeout_s=60, max_seq_len=256, dtype="float32", server_log=str(log),
                                fidelity=FidelitySettings(rows=len(dataset), min_top1=0.0))  # every row: row 2 too

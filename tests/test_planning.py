@@ -22,7 +22,7 @@ def config_for(model: Path, **blocks) -> dict:
     """A config as the workflow sees it: the schema's defaults filled in."""
     config = {"target": {"model": str(model)}, "prompts": {"sources": ["prompts.jsonl"], "validation": 1, "test": 1},
               "tokenize": {"max_seq_len": 256}, "hidden_states": {"shards": 2}, "vocab": {"draft_vocab_size": 256},
-              **blocks}  # fmt: skip
+              **blocks}
     validate(config, str(SCHEMA))
     return config
 
@@ -37,7 +37,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 def plan_for(config: dict, workdir: Path, executor: str | None = None, **gpus) -> planning.Plan:
     return planning.plan(config, workdir=workdir, repo=REPO, executor=executor, remote_exec=False,
-                         gpu_overrides=planning.gpu_overrides(gpus))  # fmt: skip
+                         gpu_overrides=planning.gpu_overrides(gpus))
 
 
 def test_tiny_model_plans_cpu_here_and_says_so(tiny_model, workdir, capsys):
@@ -104,7 +104,7 @@ def test_a_relative_path_only_the_workflow_folder_has_names_both(tiny_model, wor
         plan_for(config, workdir)
     message = str(error.value)
     assert message.startswith(f"prompts.sources: config/config.yaml is not in the working folder (looked at "
-                              f"{workdir / 'config/config.yaml'})")  # fmt: skip
+                              f"{workdir / 'config/config.yaml'})")
     assert f"({workdir}, --directory), not from the workflow's ({REPO}), which has it" in message
     assert f"Write {os.path.relpath(REPO / 'config/config.yaml')} (or an absolute path)" in message
 
@@ -125,13 +125,13 @@ def test_a_missing_evaluation_set_stops_the_plan_naming_its_key(tiny_model, work
         plan_for(config, workdir)
     message = str(error.value)
     assert message.startswith("evaluate.prompt_sets.code: eval/code.jsonl: prompt source not found (looked at "
-                              f"{workdir / 'eval/code.jsonl'})"), message  # fmt: skip
+                              f"{workdir / 'eval/code.jsonl'})"), message
     assert "prompts.sources" not in message
 
 
 def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
     with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
-                                            r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):  # fmt: skip
+                                            r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):
         plan_for(config_for(tiny_model), workdir, evaluate="2")
 
 
@@ -140,7 +140,7 @@ def test_gpu_overrides_are_plain_values():
         value = "2 * attempt"
 
     assert planning.gpu_overrides({"a": None, "b": "", "c": "4", "d": 3, "e": Resource()}) == \
-        {"a": None, "b": None, "c": 4, "d": 3, "e": "2 * attempt"}  # fmt: skip
+        {"a": None, "b": None, "c": 4, "d": 3, "e": "2 * attempt"}
 
 
 def test_disk_plan_before_tokenization_is_an_upper_bound_from_the_prompt_count(tiny_model, workdir, capsys):
@@ -191,14 +191,14 @@ def test_sizing_line_names_the_target_device_and_rows(tiny_model, workdir, capsy
 
 def test_the_config_is_checked_against_the_targets_shape(tiny_model, workdir):
     with pytest.raises(PlanningError, match=r"^vocab\.draft_vocab_size = 32000 is larger than the target's "
-                                            r"vocabulary of 512 tokens .*; set it to at most 512$"):  # fmt: skip
+                                            r"vocabulary of 512 tokens .*; set it to at most 512$"):
         plan_for(config_for(tiny_model, vocab={"draft_vocab_size": 32000}), workdir)
 
 
 def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
     """Inside a cluster job (remote_exec) the same plan, without the planned-device and sizing lines."""
     plan = planning.plan(config_for(tiny_model), workdir=workdir, repo=REPO, executor=None, remote_exec=True,
-                         gpu_overrides={})  # fmt: skip
+                         gpu_overrides={})
     err = capsys.readouterr().err
     assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
     assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed

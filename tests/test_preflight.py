@@ -39,7 +39,7 @@ def node(monkeypatch):
     monkeypatch.setattr(plan, "installed_version", lambda dist: installed.get(dist))
 
     def make(torch="2.13.0+cu130", cuda_available=True, gpus=((79 * GB, 80 * GB),), driver="13.0",
-             visible="0", **more) -> Node:  # fmt: skip
+             visible="0", **more) -> Node:
         monkeypatch.setattr(plan, "torch_build", lambda: (torch, "+cpu" not in torch, cuda_available))
         installed["torch"] = torch
         if visible is not None:
@@ -47,7 +47,7 @@ def node(monkeypatch):
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         torch_cuda = None if "+cpu" in torch else f"{torch[-3:-1]}.{torch[-1]}"  # +cu130 -> 13.0
         return Node(torch, torch_cuda, cuda_available, driver_cuda=driver, driver_version="580.65.06",
-                    gpus=tuple(gpus) if cuda_available else (), visible=visible, cores=16, **more)  # fmt: skip
+                    gpus=tuple(gpus) if cuda_available else (), visible=visible, cores=16, **more)
 
     return make
 
@@ -151,7 +151,7 @@ def test_the_target_check_reads_every_weight_file_to_its_end(tiny_model, tmp_pat
         preflight.read_target(partial)
     checks = by_name(environment_checks(Node("2.13.0+cpu", None, False, cores=2, host_available=8 * GB),
                                         EnvironmentPlan({"device": "cpu", "dtype": "float32"}, {}, "cpu"),
-                                        preflight.TargetUnreadable(f"{weights}: cut")))  # fmt: skip
+                                        preflight.TargetUnreadable(f"{weights}: cut")))
     assert checks[preflight.TARGET].status == FAIL and "model.safetensors: cut" in checks[preflight.TARGET].reason
     assert checks[preflight.DRIVER].status == NOT_RUN  # planned for cpu
 
@@ -165,9 +165,9 @@ def write_parts(root: Path, failing: str | None = None) -> dict[str, Path]:
         folder = parts[name] = root / name
         folder.mkdir(parents=True)
         check = (report_file.failed(f"{name} check", "broken: fix X") if name == failing
-                 else report_file.passed(f"{name} check", "fine"))  # fmt: skip
+                 else report_file.passed(f"{name} check", "fine"))
         measured = {"regeneration_tokens_per_s": 400.0, "regeneration_load_seconds": 40.0, "prompts": 4,
-                    "gpus_per_job": 1} if name == "regenerate" else {}  # fmt: skip
+                    "gpus_per_job": 1} if name == "regenerate" else {}
         report_file.write_part(folder, name, [check], measured)
     return parts
 
@@ -199,7 +199,7 @@ def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
         return sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None), measured)
 
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}))  # fmt: skip
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}))
     assumed = sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None))
     assert "no preflight rates (no preflight report)" in assumed
     measured = line(plan_made)

@@ -14,7 +14,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from workflow import REPO, SNAKEMAKE, copy_workflow, snakemake, write_config
 
 RECIPES = {
@@ -29,7 +28,7 @@ def tiny_model_8_heads(tmp_path_factory):
     from draftline.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-8-heads"), num_layers=8, hidden_size=512,
-                            max_position_embeddings=4096)  # fmt: skip
+                            max_position_embeddings=4096)
 
 
 def _resources(dry_run: str) -> dict[str, dict[str, str]]:
@@ -76,7 +75,7 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
 
     # `preflight` runs its engines on the nodes the vLLM jobs get: the same GPUs and memory
     preflight = _resources(snakemake(tmp_path, "-n", "--workflow-profile", str(REPO / "profiles" / profile),
-                                     "preflight").stdout)  # fmt: skip
+                                     "preflight").stdout)
     for rule in ("preflight_environment", "preflight_regenerate", "preflight_hidden_states", "preflight_speculative"):
         assert preflight[rule]["gpu"] == str(vllm_gpus), rule
         assert preflight[rule]["mem_mb"] == resources["regenerate_shard"]["mem_mb"], rule
@@ -89,7 +88,7 @@ def test_sizing_table_matches_the_measured_8b_rates():
     from draftline import sizing
 
     plan = sizing.Plan(conversations=96, max_seq_len=2052, max_new_tokens=0, epochs=1, eval_prompts=0,
-                       eval_new_tokens=0, regenerate=False)  # fmt: skip
+                       eval_new_tokens=0, regenerate=False)
     est = sizing.estimate(sizing.LLAMA_8B, plan)
     assert est["rates_tokens_per_s"]["extraction"] == pytest.approx(29_500, rel=0.02)
     assert est["rates_tokens_per_s"]["training"] == pytest.approx(28_138)
@@ -149,7 +148,7 @@ def test_the_moe_recipe_runs_expert_parallel_and_its_sizing_says_so(tmp_path):
     (target / "config.json").write_text(json.dumps({
         "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
         "intermediate_size": 512, "vocab_size": 1000, "num_experts": 8, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 128}))  # fmt: skip
+        "moe_intermediate_size": 128}))
     config = {"vllm": {"enable_expert_parallel": True}}
     validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
     text = sizing.for_config(config, "local", target, "cuda", 1, (100, None), target_name="tiny-moe")
@@ -178,7 +177,7 @@ PLANNED = re.compile(r"draftline: planned for (\w+) \(device: (\w+)(; the jobs r
     ("slurm", ("--config", "run_name=x")),  # issue 26: any --config replaced the profile's config: ["device=cuda"]
     ("slurm_dense_8b", ("--config", "device=auto", "prompts={on_bad_row: stop}")),
     ("slurm_moe_235b", ("--set-resources", "train:mem_mb=1000")),  # replaces the profile's set-resources whole
-])  # fmt: skip
+])
 def test_a_slurm_plan_is_for_cuda_whatever_the_command_line_adds(profile, added, tiny_model_8_heads, tmp_path):
     """The login node that plans has no GPU (nor has this machine); the Slurm executor's jobs run on
     its GPU nodes, so the plan is for cuda (bfloat16, Muon) however config is added. Locally the
@@ -216,7 +215,7 @@ FAKE_SLURM = {
               'echo "sbatch: error: a test: nothing was submitted" >&2\nexit 1\n',
     "sacct": "#!/bin/sh\nexit 0\n",
     "sinfo": '#!/bin/sh\necho PARTITION\necho "gpu*"\n',
-}  # fmt: skip
+}
 
 
 def test_a_tp8_vllm_job_asks_sbatch_for_its_8_gpus_on_one_node(tiny_model_8_heads, tmp_path):
@@ -230,7 +229,7 @@ def test_a_tp8_vllm_job_asks_sbatch_for_its_8_gpus_on_one_node(tiny_model_8_head
     _recipe_workdir(workdir, "moe_235b", tiny_model_8_heads)
     text = (REPO / "profiles/slurm_moe_235b/config.yaml").read_text()
     for commented, on in (('  # constraint: "h200"', '  constraint: "h200"'),
-                          ("  # slurm_extra: \"'--exclusive'\"", "  slurm_extra: \"'--exclusive'\"")):  # fmt: skip
+                          ("  # slurm_extra: \"'--exclusive'\"", "  slurm_extra: \"'--exclusive'\"")):
         assert text.count(commented) == 1, commented  # one place in the profile
         text = text.replace(commented, on)
     (profile / "config.yaml").write_text(text)
@@ -248,7 +247,7 @@ def test_a_tp8_vllm_job_asks_sbatch_for_its_8_gpus_on_one_node(tiny_model_8_head
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SBATCH_CALLS=str(calls))
     out = snakemake(workdir, "--workflow-profile", str(profile), "--retries", "0",
                     "--slurm-init-seconds-before-status-checks", "1", "results/regenerated/shard_0",
-                    check=False, env=env)  # fmt: skip
+                    check=False, env=env)
     assert out.returncode != 0 and "a test: nothing was submitted" in out.stderr + out.stdout
     submitted = [path.read_bytes().decode().split("\0")[:-1] for path in sorted(calls.iterdir())]
     assert len(submitted) == 1, submitted
@@ -273,7 +272,7 @@ def test_a_preset_in_a_run_folder_reads_paths_from_the_run_folder(tiny_model_8_h
     mine = tmp_path / "mine.yaml"  # the user's changes on top of the preset
     mine.write_text(yaml.safe_dump({"target": {"model": str(tiny_model_8_heads)}, "vocab": {"draft_vocab_size": 256}}))
     command = [SNAKEMAKE, "--directory", "runs/x", "--configfile", str(REPO / "config/presets/dense_8b.yaml"), str(mine),
-               "-n"]  # fmt: skip
+               "-n"]
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     text = result.stdout + result.stderr
     assert result.returncode != 0

@@ -367,11 +367,11 @@ def test_the_plan_checks_the_first_rows_of_every_format(tmp_path, datasets_cache
     renamed = [{"text": f"question {i}", "answer": "x"} for i in range(8)]  # `prompt` under another name
     for source, row in _in_every_format(tmp_path / "renamed", renamed, datasets_cache):
         with pytest.raises(PromptError, match=rf"^{re.escape(row(source, 0))}: none of the fields messages, "
-                                              r"conversations, prompt \(the row has: answer, text\)"):  # fmt: skip
+                                              r"conversations, prompt \(the row has: answer, text\)"):
             check_sources([source], on_bad_row="stop")
         with pytest.raises(PromptError, match=rf"^{re.escape(source)}: none of its first 5 rows can be used, so "
                                               rf"prompts.on_bad_row: skip would reject the whole source; the first: "
-                                              rf"{re.escape(row(source, 0))}: none of the fields"):  # fmt: skip
+                                              rf"{re.escape(row(source, 0))}: none of the fields"):
             check_sources([source], on_bad_row="skip")
     # a bad role in the third row: stop mode names it; skip mode lets the job reject that row alone
     robot = [GOOD, {"messages": SAME[:1]}, {"messages": [{"role": "robot", "content": "x"}]}, GOOD]
@@ -440,7 +440,7 @@ def test_a_source_whose_rows_are_all_rejected_stops_skip_mode_too(tmp_path):
     with pytest.raises(PromptError, match=rf"^{renamed}: all 8 rows were rejected \(unknown_format: 8\); prompts.on_bad_row: "
                                           rf"skip leaves out bad rows, never a whole source. The first: {renamed}:1: none of the "
                                           r"fields messages, conversations, prompt \(the row has: text\) \(fix: .*; or remove the "
-                                          r"source from prompts.sources\)$"):  # fmt: skip
+                                          r"source from prompts.sources\)$"):
         collect_prompts([good, renamed], on_bad_row="skip")
     # some rows rejected: kept going, counted per source
     mixed = write(tmp_path, jsonl({"text": "x"}, GOOD, {"prompt": "fine"}), "mixed.jsonl")
@@ -508,7 +508,7 @@ def test_first_turns_of_a_prompt_set_in_any_format(tmp_path):
                            {"from": "gpt", "value": "Hello."}, {"from": "human", "value": "More?"}]},
         {"prompt": "Name a planet."},
         {"prompt": "Name a planet."},
-    ))  # fmt: skip
+    ))
     rows = read_first_turns(path)
     assert [m for _, m in rows] == [
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],

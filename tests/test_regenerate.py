@@ -9,7 +9,12 @@ import pytest
 
 from draftline.engine import shutdown, target_llm
 from draftline.regenerate import (
-    RegenerateSettings, merge_shards, parse_conversation, regenerate, regenerate_shard, write_answer_settings,
+    RegenerateSettings,
+    merge_shards,
+    parse_conversation,
+    regenerate,
+    regenerate_shard,
+    write_answer_settings,
 )
 
 SETTINGS = RegenerateSettings(max_new_tokens=6, max_model_len=160, enforce_eager=True, threads=1)
@@ -178,7 +183,7 @@ SHARD_ROWS = ROWS + [
     {"id": f"q{i}", "source": "set-d", "messages": [{"role": "user", "content": q}]}
     for i, q in enumerate(["Name a planet.", "Count to three.", "What is rain?", "Say hi.", "Why is ice cold?",
                            "Spell cat.", "What is a tree?"])
-]  # fmt: skip
+]
 
 
 def write_prompts(folder, rows=SHARD_ROWS):
@@ -195,7 +200,7 @@ def sharded_run(llm, tiny_model, folder, num_shards, settings):
     summaries = [
         regenerate_shard(tiny_model, prompts, answer_settings, k, num_shards, shards[k], settings, llm=llm)
         for k in range(num_shards)
-    ]  # fmt: skip
+    ]
     merge_shards(shards, answer_settings, folder / "conversations.jsonl", folder / "summary.json")
     return summaries
 
@@ -211,10 +216,10 @@ def test_shards_merge_to_the_unsharded_file_byte_for_byte_with_readable_progress
     assert merged.read_bytes() == (tmp_path / "one.jsonl").read_bytes()
     summary = json.loads((tmp_path / "three" / "summary.json").read_text())
     counters = ("rows_in", "rows_out", "turns_generated", "answers_truncated", "generated_tokens", "prompt_tokens",
-                "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long")  # fmt: skip
+                "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long")
     assert {k: summary[k] for k in counters} == {k: unsharded[k] for k in counters}
     assert [(s["row_start"], s["row_stop"], s["answered"], s["reused"]) for s in shards] == [
-        (0, 4, 4, 0), (4, 8, 4, 0), (8, 12, 4, 0)]  # fmt: skip
+        (0, 4, 4, 0), (4, 8, 4, 0), (8, 12, 4, 0)]
     # progress a person can read: done/total, speed, time left, truncations so far
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
     assert len(progress) == 6  # two chunks (3 + 1 conversations) per shard
@@ -330,7 +335,8 @@ def test_embedded_target_trained_tokens_are_exactly_what_it_generated(embedded_t
     settings = RegenerateSettings(max_new_tokens=24, max_model_len=512, threads=1)
     recorder = RecordingLLM(target_llm(target, settings))
     regenerate(target, prompts, folder / "conv.jsonl", folder / "regen.json", settings, llm=recorder)
-    summary = tokenize(target, folder / "conv.jsonl", folder / "ds", folder / "freq.pt", folder / "tok.json", TokenizeSettings(max_seq_len=512))
+    summary = tokenize(target, folder / "conv.jsonl", folder / "ds", folder / "freq.pt", folder / "tok.json",
+                       TokenizeSettings(max_seq_len=512))
 
     generated = {}  # id -> the target's token ids, turn after turn
     batches = [[r["id"] for r in rows], [rows[-1]["id"]]]

@@ -13,9 +13,16 @@ import shutil
 
 import pytest
 import yaml
-
 from workflow import (
-    AFTER_TOKENIZE, AFTER_TRAIN, REGENERATION, REPO, copy_run, copy_workflow, fake_tiny_project, planned_jobs, snakemake,
+    AFTER_TOKENIZE,
+    AFTER_TRAIN,
+    REGENERATION,
+    REPO,
+    copy_run,
+    copy_workflow,
+    fake_tiny_project,
+    planned_jobs,
+    snakemake,
     write_config,
 )
 
@@ -88,7 +95,7 @@ def test_layer_ids_rerun_extraction_not_tokenization(run):
 HIDDEN_STATES_AND_AFTER = {
     "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
     "report_hidden_states_disk": 1, **AFTER_TRAIN,
-}  # fmt: skip
+}
 
 
 def test_hidden_state_format_reruns_hidden_states_training_and_after(run):
@@ -100,7 +107,7 @@ def test_hidden_state_format_reruns_hidden_states_training_and_after(run):
     # float32, or 1 byte each + a float32 scale, + the token id
     per_token = {"full": "2,056", "fp8": "524"}[switched]
     assert re.search(rf"draftline:   hidden-state shards  ~[\d.]+ GB: [\d,]+ tokens x {per_token} bytes/token",
-                     _output(snakemake(run, "-n", TARGET)))  # fmt: skip
+                     _output(snakemake(run, "-n", TARGET)))
 
 
 def test_release_after_training_plans_like_kept_shards(run):
@@ -114,7 +121,7 @@ def test_release_after_training_plans_like_kept_shards(run):
     assert "deleted once training has read them" in _output(snakemake(run, "-n", TARGET))
     edit_config(run, train={"lr": 0.002})
     assert planned_jobs(run, TARGET) == {"hidden_states_shard": 2, "hidden_states_view": 1,
-                                         "report_hidden_states_disk": 1, **AFTER_TRAIN}  # fmt: skip
+                                         "report_hidden_states_disk": 1, **AFTER_TRAIN}
 
 
 def test_disk_limit_in_the_plan_names_what_fits(run):
@@ -262,6 +269,28 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
 
 
+@pytest.mark.parametrize(
+    "module, edit",
+    [
+        ("tokenization.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
+        ("text_helpers.py", lambda text: text.replace("def strip_text(text):\n", 'def strip_text(text):\n    """A docstring."""\n')),
+        ("tokenization.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
+    ],
+    ids=["comment", "docstring", "line-wrap"],
+)
+def test_a_comment_docstring_or_line_wrap_reruns_nothing(code_run, module, edit):
+    """The syntax tree decides (draftline.plan.code_digest): linting or documenting the code
+    costs no rerun of hours of GPU work."""
+    repo, workdir = code_run
+    path = repo / "src" / "draftline" / module
+    old = _edit(path, edit)
+    try:
+        assert path.read_text() != old
+        assert planned_jobs(workdir, TARGET, repo=repo) == {}
+    finally:
+        path.write_text(old)
+
+
 def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_run):
     """A change of target.tensor_parallel_size reruns regeneration, hidden states, evaluation
     and what follows (float sums change); those jobs ask for tp x pp GPUs, and a profile that
@@ -297,7 +326,7 @@ def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_ru
     ({"kv_cache_dtype": "fp8"}, {**REGENERATION, **AFTER_TOKENIZE}),
     ({"quantization": "fp8"}, {**REGENERATION, **AFTER_TOKENIZE}),
     ({"engine_args": {"block_size": 32}}, {**REGENERATION, **AFTER_TOKENIZE}),
-])  # fmt: skip
+])
 def test_vllm_speed_settings_rerun_nothing_and_output_settings_rerun_the_vllm_stages(code_run, change, rerun):
     repo, workdir = code_run
     config = workdir / "config.yaml"
@@ -332,7 +361,7 @@ def test_code_closure_follows_imports():
     assert {"draftline/hidden_states.py", "draftline/atomic.py", "draftline/engine.py",
             "draftline/backends/__init__.py", "draftline/backends/transformers.py",
             "draftline/backends/vllm.py", "draftline/backends/vllm_cpu_connector.py",
-            "draftline/__init__.py"} <= names  # fmt: skip
+            "draftline/__init__.py"} <= names
     assert not any(n.startswith("draftline/train") for n in names)  # train/ (a package) and train_entry.py
     with pytest.raises(FileNotFoundError, match="no_such_module"):
         module_closure(str(REPO / "src"), ("no_such_module",))
@@ -346,7 +375,7 @@ def test_every_artifact_folder_has_provenance(tiny_run):
         "results/prompts", "results/regenerated", "results/regenerated/shard_0", "results/tokenized", "results/target",
         "results/hidden_states/shard_0", "results/hidden_states/shard_1", "results/hidden_states/all",
         "results/vocab", "results/config", "results/checkpoint/final",
-    ]  # fmt: skip
+    ]
     for folder in folders:
         record = json.loads((tiny_run / folder / "provenance.json").read_text())
         assert {"torch", "transformers", "speculators", "snakemake"} <= set(record["versions"]), folder
@@ -396,7 +425,7 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
     for earlier, later in [("prompts", "regenerate_settings"), ("regenerate_settings", "regenerate_shard"),
                            ("regenerate_shard", "regenerate_merge"), ("regenerate_merge", "tokenize"), ("tokenize", "hidden_states_shard"),
                            ("hidden_states_shard", "hidden_states_view"), ("hidden_states_view", "train")]:
-        assert rules.index(earlier) < rules.index(later)  # fmt: skip
+        assert rules.index(earlier) < rules.index(later)
     assert rules.count("hidden_states_shard") == 2
     assert [s["path"] for s in lineage["sources"] if s["path"].endswith("prompts.jsonl")] == ["prompts.jsonl"]
     # The hashes recorded when training ran are those of the data on disk now.
@@ -404,7 +433,7 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
     assert train["inputs"]["dataset"][0]["sha256"] == fingerprint(tiny_run / "results/tokenized/dataset")["sha256"]
     assert ["results/hidden_states/all"] in train["made_from"]
     assert lineage["summary"]["train"]["results/hidden_states/all"] == train["inputs"]["hidden_states"][0].get(
-        "sha256", train["inputs"]["hidden_states"][0].get("stat"))  # fmt: skip
+        "sha256", train["inputs"]["hidden_states"][0].get("stat"))
 
 
 def test_fingerprint_hashes_small_content_and_stats_big_files(tmp_path):

@@ -17,10 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow import AFTER_TRAIN, REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
-
-
 
 # Imported by every Python process of a test run (it is on PYTHONPATH): makes each move of a
 # validated hidden-state file into the staging folder slow, so a kill lands mid-shard.
@@ -81,12 +78,12 @@ def start(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Pope
     """snakemake in its own process group, so one killpg takes it and every job it started; its
     output goes to `<workdir>.snakemake.log` beside the folder (kill_when shows it on a failure)."""
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), *args]  # fmt: skip
+           "--configfile", str(workdir / "config.yaml"), *args]
     output = workdir.with_name(f"{workdir.name}.snakemake.log")
     with open(output, "a") as out:
         proc = subprocess.Popen(
             cmd, env=env or dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        )
     proc.output = output
     proc.workdir = workdir
     return proc
@@ -135,7 +132,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SLOW_STAGING)
     env = dict(os.environ, DRAFTLINE_TEST_SLOW_STAGING="1.0",
-               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     shard0, shard1 = run / "results/hidden_states/shard_0", run / "results/hidden_states/shard_1"
     shard0_before = (shard0 / "manifest.json").stat().st_mtime_ns
     rows = json.loads((shard1 / "manifest.json").read_text())["num_rows"]
@@ -160,7 +157,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
     assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
         "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
-    }  # fmt: skip
+    }
     snakemake(run, *rerun)
     manifest = json.loads((shard1 / "manifest.json").read_text())
     assert manifest["reused_rows"] == len(staged)
@@ -185,7 +182,7 @@ def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
             (d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
              if d.name.isdigit() and (d / "training_state.json").exists()),
             key=lambda d: int(d.name),
-        )  # fmt: skip
+        )
 
     proc = start(run, "--cores", "2", "results/checkpoint/final")
     kill_when(proc, lambda: len(new_epochs()) >= 1)
@@ -222,7 +219,7 @@ def test_killed_regeneration_resumes_answering_each_conversation_once(tiny_run, 
     (hooks / "sitecustomize.py").write_text(REGENERATION_HOOKS)
     killed_log, rerun_log = tmp_path / "killed-requests.jsonl", tmp_path / "rerun-requests.jsonl"
     env = dict(os.environ, DRAFTLINE_TEST_SLOW_STAGING="3", DRAFTLINE_TEST_REQUESTS=str(killed_log),
-               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     target = "results/regenerated/conversations.jsonl"
     staging = run / "results/regenerated/.staging"
 
@@ -240,7 +237,7 @@ def test_killed_regeneration_resumes_answering_each_conversation_once(tiny_run, 
 
     def turns(rows):
         return {(users[0], t) for r in rows for users in [[m["content"] for m in r["messages"] if m["role"] == "user"]]
-                for t in range(1, len(users) + 1)}  # fmt: skip
+                for t in range(1, len(users) + 1)}
 
     killed = [tuple(json.loads(line)) for line in killed_log.read_text().splitlines()]
     again = [tuple(json.loads(line)) for line in rerun_log.read_text().splitlines()]
@@ -296,7 +293,7 @@ def test_sigterm_mid_epoch_resumes_from_the_step_checkpoint(tiny_run, tmp_path):
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SLOW_STEPS)
     env = dict(os.environ, DRAFTLINE_TEST_SLOW_STEP="2.5",
-               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+               PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
 
     def states() -> dict[str, dict]:
         found = {}

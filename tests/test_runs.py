@@ -10,9 +10,17 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from workflow import (
-    AFTER_TOKENIZE, REGENERATION, REPO, SNAKEMAKE, copy_run, copy_workflow, fake_finished_run, planned_jobs, snakemake, write_config,
+    AFTER_TOKENIZE,
+    REGENERATION,
+    REPO,
+    SNAKEMAKE,
+    copy_run,
+    copy_workflow,
+    fake_finished_run,
+    planned_jobs,
+    snakemake,
+    write_config,
 )
 
 TARGET = "results/lineage.json"
@@ -123,7 +131,7 @@ def test_the_final_draft_names_its_target_by_hub_id_and_still_loads(tiny_run, tm
     # beside the draft name the verifier as config.json does (draftline's provenance keeps the path)
     local = (str(target).encode(), str(target.resolve()).encode())
     leaks = [p.name for p in sorted(final.rglob("*")) if p.is_file() and p.name not in PROVENANCE_FILES
-             and any(path in p.read_bytes() for path in local)]  # fmt: skip
+             and any(path in p.read_bytes() for path in local)]
     assert leaks == [], f"{leaks} in {final} hold the target's local path {target}"
     command = (final / "train_command.txt").read_text()
     assert f"--verifier-name-or-path {HUB_ID} " in command

@@ -22,7 +22,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-
 from slurm_cluster import SlurmCluster, Unavailable
 from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
 
@@ -292,7 +291,7 @@ def test_a_requeued_job_keeps_its_id_and_uses_no_retry(tmp_path, tiny_model, clu
     env = cluster.env(dict(
         os.environ, DRAFTLINE_TEST_JOB_STARTS=str(starts), DRAFTLINE_TEST_FIRST_START_SLEEP=str(first_sleep),
         PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
-    ))  # fmt: skip
+    ))
     output = tmp_path / "snakemake.log"
     start = len(cluster.sbatch_calls())
     with open(output, "w") as out:
@@ -301,7 +300,7 @@ def test_a_requeued_job_keeps_its_id_and_uses_no_retry(tmp_path, tiny_model, clu
              "--configfile", str(workdir / "config.yaml"), "--workflow-profile", str(PROFILE),
              *TEST_SLURM_ARGS, "results/prompts/prompts.jsonl"],
             cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+        )
     try:
         deadline = time.monotonic() + 120
         while not (starts.exists() and starts.read_text().endswith("\n")):

@@ -54,7 +54,7 @@ def test_config_matches_what_speculators_train_builds(tiny_model):
     layer = create_transformer_layer_config(
         str(tiny_model), 1, args["draft_arch"], args["draft_hidden_act"], args["sliding_window"],
         args["full_attention_indices"],
-    )  # fmt: skip
+    )
     t2d = torch.zeros(512, dtype=torch.bool)
     t2d[:64] = True
     model = Eagle3DraftModel.from_training_args(layer, t2d=t2d, d2t=torch.zeros(64, dtype=torch.long), **args)

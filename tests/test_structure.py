@@ -22,7 +22,7 @@ STAGES = {
     "hidden_states": "hidden_states", "vocab": "vocab", "speculator_config": "speculator_config",
     "train": "train", "train_entry": "train", "evaluate": "evaluate", "report": "report",
     "summary": "summary",
-}  # fmt: skip
+}
 # What stages share: the files between them, the seams, and the runtime helpers.
 SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing")
 # What runs several stages' own code: the checks on a few rows before a run (`preflight`; they
@@ -73,7 +73,7 @@ def test_the_stage_list_names_every_module_outside_the_shared_layers():
     shared = {"draftline", "draftline.atomic", "draftline.logs", "draftline.devices", "draftline.content_hash",
               "draftline.config_schema", "draftline.engine", "draftline.checks", "draftline.plan",
               "draftline.provenance", "draftline.sources", "draftline.sizing", "draftline.cluster",
-              "draftline.target_hashes", "draftline.fidelity", "draftline.versions"}  # fmt: skip
+              "draftline.target_hashes", "draftline.fidelity", "draftline.versions"}
     outside = {_top(m) for m in MODULES if m not in shared and m.split(".")[1] not in SHARED_PACKAGES}
     assert outside == {f"draftline.{s}" for s in {*STAGES, *DRIVERS}}, \
         "a new module: add it to STAGES, DRIVERS or the shared layers"

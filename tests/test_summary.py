@@ -94,10 +94,10 @@ def test_summary_lists_rejected_rows_per_source(tmp_path):
     results = tmp_path / "results"
     build_prompts([clean, scraped], **{f"{name}_path": results / "prompts" / f"{name}.jsonl"
                                        for name in ("prompts", "validation", "test", "rejects")},
-                  summary_path=results / "prompts/summary.json", on_bad_row="skip")  # fmt: skip
+                  summary_path=results / "prompts/summary.json", on_bad_row="skip")
     summary = build_summary(results, run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
     assert [(s["path"], s["rows_read"], s["kept"], s["rejected"]) for s in summary["sources"]] == [
-        (clean, 4, 4, 0), (scraped, 4, 1, 3)]  # fmt: skip
+        (clean, 4, 4, 0), (scraped, 4, 1, 3)]
     assert summary["sources"][1]["rejected_reasons"] == {"empty_content": 1, "unknown_format": 2}
     assert (f"prompts.on_bad_row: skip left out 3 rows: 3 of 4 rows of {scraped} (empty_content: 1, "
             "unknown_format: 2); each with its reason and fix in results/prompts/rejects.jsonl") in summary["warnings"]

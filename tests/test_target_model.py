@@ -554,9 +554,9 @@ def test_hashing_a_big_target_says_so_with_its_progress(tmp_path, monkeypatch):
     cache.hash_ahead(sorted(folder.iterdir()), f"the target folder {folder}", lines.append)
     assert lines[0] == (f"hashing the target folder {folder}: 0.0 GB in 3 files no earlier plan has hashed (once per "
                         f"file version: the hashes are kept in {tmp_path}/user/target_hashes.json and "
-                        f"{tmp_path}/run/hash_cache.json)")  # fmt: skip
+                        f"{tmp_path}/run/hash_cache.json)")
     assert all(re.fullmatch(r"hashing the target folder \S+: 0\.0 GB of 0\.0 GB, [\d.,]+ GB/s, about \d+ s left", line)
-               for line in lines[1:-1]) and len(lines) >= 9  # fmt: skip
+               for line in lines[1:-1]) and len(lines) >= 9
     assert re.fullmatch(rf"hashed the target folder {re.escape(str(folder))}: 0\.0 GB in \d+ s", lines[-1])
     # the digest is the same as without a cache, and a second plan is silent
     assert digest_folder(folder, cache) == digest_folder(folder)

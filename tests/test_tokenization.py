@@ -131,9 +131,11 @@ def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model,
     long_answer = "The sea is wide and blue and deep. " * 40
     rows = [
         {"id": "a", "source": "s", "messages": MULTI_TURN},
-        {"id": "long", "source": "s", "messages": [{"role": "user", "content": "Write a poem."}, {"role": "assistant", "content": long_answer}]},
+        {"id": "long", "source": "s",
+         "messages": [{"role": "user", "content": "Write a poem."}, {"role": "assistant", "content": long_answer}]},
         {"id": "no-answer", "source": "s", "messages": [{"role": "user", "content": "Hello?"}]},
-        {"id": "short", "source": "s", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok", "truncated": True}]},
+        {"id": "short", "source": "s",
+         "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok", "truncated": True}]},
     ]
     conversations = tmp_path / "conversations.jsonl"
     write_rows(conversations, rows)
@@ -189,7 +191,7 @@ def test_a_dataset_preprocessed_in_parts_is_the_same_dataset(tiny_model, tmp_pat
     answers = ["Paris.", "The sea is wide and blue. " * 3, "Four.", "Red, green and blue.", "Hola."]
     rows = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"Question {i}?"},
                                                          {"role": "assistant", "content": a}]}
-            for i, a in enumerate(answers)]  # fmt: skip
+            for i, a in enumerate(answers)]
     conversations = tmp_path / "conversations.jsonl"
     write_rows(conversations, rows)
     settings = TokenizeSettings(max_seq_len=128, min_trainable_tokens=1)

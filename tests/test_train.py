@@ -103,7 +103,7 @@ def train_inputs(tiny_model, tmp_path_factory):
     (root / "layer_ids.json").write_text(json.dumps({"aux": AUX, "extracted": [*AUX, 8], "num_hidden_layers": 8}))
     vocab = root / "vocab"
     write_vocab(root / "tokenized" / "token_freq.pt", tiny_model, DRAFT_VOCAB,
-                vocab / "d2t.npy", vocab / "t2d.npy", vocab / "summary.json")  # fmt: skip
+                vocab / "d2t.npy", vocab / "t2d.npy", vocab / "summary.json")
     write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", DRAFT_VOCAB)
     return TrainInputs(
         config_dir=root / "config",
@@ -139,7 +139,7 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     assert sorted(p.name for p in final.iterdir()) == [
         "config.json", "draftline_provenance.json", "metrics.jsonl", "model.safetensors",
         "run.yaml", "train_command.txt", "val_metrics.json",
-    ]  # fmt: skip
+    ]
     provenance = json.loads((final / "draftline_provenance.json").read_text())
     losses = {int(k): v for k, v in provenance["val_loss_per_epoch"].items()}
     assert sorted(losses) == [1, 2]  # epochs counted from 1, as in the logs and the report
@@ -282,7 +282,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     (old_run,) = (root / "runs").iterdir()
     with caplog.at_level(logging.INFO):
         train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4, "keep_old_runs": True}),
-              TrainJob(root / "runs", final, threads=1))  # fmt: skip
+              TrainJob(root / "runs", final, threads=1))
     runs = sorted(p.name for p in (root / "runs").iterdir())
     assert old_run.name in runs and len(runs) == 2
     provenance = json.loads((final / "draftline_provenance.json").read_text())
@@ -294,7 +294,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     caplog.clear()
     with caplog.at_level(logging.INFO):
         train(train_inputs, TrainSettings(**{**SETTINGS, "epochs": 1, "lr": 3e-4}),
-              TrainJob(root / "runs", final, threads=1))  # fmt: skip
+              TrainJob(root / "runs", final, threads=1))
     assert [p.name for p in (root / "runs").iterdir()] == [provenance["run_key"]]
     assert f"removed the earlier run {old_run}" in caplog.text
 
@@ -308,7 +308,7 @@ def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(
     assert resolve_num_workers(6, cuda=False) == 6
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
     args = speculators_args(inputs, TrainSettings(), _facts(100, "bfloat16"),
-                            TrainerOptions(optimizer="muon", num_workers=4, fsdp=True), tmp_path)  # fmt: skip
+                            TrainerOptions(optimizer="muon", num_workers=4, fsdp=True), tmp_path)
     assert args[args.index("--num-workers") + 1] == "4" and "--fsdp-shard" in args
     assert "--fsdp-shard" not in speculators_args(inputs, TrainSettings(), _facts(100), TrainerOptions(), tmp_path)
     fingerprints = {"dataset": "a"}
@@ -332,7 +332,6 @@ def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
 
 
 def _checkpoint(folder, local_step: int, state_last: bool = True):
-    import os
 
     folder.mkdir(parents=True)
     names = ["config.json", "model.safetensors", "optimizer_state_dict.pt"]
@@ -392,13 +391,13 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
     argv = [str(entry), "--verifier-name-or-path", str(local), "--data-path", "results/tokenized/dataset"]
     (tmp_path / "train_command.txt").write_text(f"# Timestamp: now\n# speculators: 0.9.0\n{shlex.join(argv)}\n")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"train": {"verifier": {"verifier_name_or_path": str(local)},
-                                                                 "epochs": 2}}))  # fmt: skip
+                                                                 "epochs": 2}}))
     name_verifier_in_run_records(tmp_path, "acme/Target-8B", local)
 
     lines = (tmp_path / "train_command.txt").read_text().splitlines()
     assert lines[:2] == ["# Timestamp: now", "# speculators: 0.9.0"] and lines[2].startswith("# draftline: ")
     assert shlex.split(lines[3]) == ["python", "-m", "draftline.train_entry", "--verifier-name-or-path",
-                                     "acme/Target-8B", "--data-path", "results/tokenized/dataset"]  # fmt: skip
+                                     "acme/Target-8B", "--data-path", "results/tokenized/dataset"]
     record = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}
     assert str(tmp_path) not in (tmp_path / "train_command.txt").read_text() + (tmp_path / "run.yaml").read_text()

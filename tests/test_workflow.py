@@ -11,7 +11,6 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
-
 from workflow import REPO, load_published_draft, planned_jobs, snakemake, write_config
 
 ALL_STAGES = {

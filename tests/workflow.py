@@ -118,11 +118,11 @@ REGENERATION = {"regenerate_settings": 1, "regenerate_shard": 1, "regenerate_mer
 AFTER_TRAIN = {
     "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
     "lineage": 1,
-}  # fmt: skip
+}
 AFTER_TOKENIZE = {
     "tokenize": 1, "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
     "report_hidden_states_disk": 1, "vocab": 1, "report_vocab_coverage": 1, **AFTER_TRAIN,
-}  # fmt: skip
+}
 
 
 def fake_tiny_project(workdir: Path, model: Path, repo: Path, rows: int = 8) -> Path:
@@ -135,7 +135,7 @@ def fake_tiny_project(workdir: Path, model: Path, repo: Path, rows: int = 8) -> 
         "tokenize": {"max_seq_len": 256},
         "hidden_states": {"shards": 2},
         "vocab": {"draft_vocab_size": 256},
-    })  # fmt: skip
+    })
     fake_finished_run(workdir, "results/lineage.json", repo=repo)
     snakemake(workdir, "--touch", "--forceall", "--cores", "1", "results/lineage.json", repo=repo)
     return workdir
@@ -192,7 +192,7 @@ def speculative_decoding_in_vllm(target: Path, draft: Path, scratch: Path, compa
     proc = subprocess.run(
         [sys.executable, str(script), str(target), str(draft), "compare" if compare_plain else "spec-only"],
         capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RESULT "))

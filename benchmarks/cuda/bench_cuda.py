@@ -45,9 +45,10 @@ from common import SIZES, Results, build_data, build_target, git_commit, gpu_inf
 from compute import compute_limit, decoder_work, matmul_rate  # noqa: E402
 from extraction import extraction, extraction_variants, plain_forward  # noqa: E402
 from fresh_process import extract_calls_main, headline  # noqa: E402
-from report import markdown  # noqa: E402
 from shards import extract_shard_main, parallel_shards  # noqa: E402
 from training import checkpoint_check, reference_fwd_bwd, training  # noqa: E402
+
+from report import markdown  # noqa: E402
 
 # The measurements a plain run makes (--stages picks some); train_ddp2 and the ones after it
 # need two GPUs (recorded as not run otherwise).

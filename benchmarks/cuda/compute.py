@@ -4,7 +4,6 @@ token, and the limit they give (tokens/s no extraction can beat)."""
 from __future__ import annotations
 
 import torch
-
 from common import SIZES, sync
 
 

@@ -29,7 +29,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import build_target, git_commit, gpu_info, host_info, record_run, versions  # noqa: E402
 
 from draftline.backends.transformers import (  # noqa: E402
-    HFExtractor, batches, describe_device_map, device_map_for, load_decoder,
+    HFExtractor,
+    batches,
+    describe_device_map,
+    device_map_for,
+    load_decoder,
 )
 
 EXTRACTED = [2, 16, 29, 32]  # Llama-3.1-8B's auto aux layers + the last (as in the H200 recheck)

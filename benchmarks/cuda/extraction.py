@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import log, summarize, sync
 
 
@@ -66,7 +65,7 @@ def plain_forward(work: Path, target: Path, batch_tokens: int, max_batches: int)
     s = time.perf_counter() - t0
     tokens = sum(lengths[r] for b in plan for r in b)
     padded = sum(max(lengths[r] for r in b) * len(b) for b in plan)
-    del decoder
+    decoder = None  # free the GPU memory (run() above holds the name)
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"batches": len(plan), "tokens": tokens, "padded_tokens": padded, "seconds": round(s, 2),
@@ -191,7 +190,7 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
             log.info("variant %s, round %d", k, r + 1)
             runs[k].append(variants[k]())
             order.append(k)
-    del plain_decoder, cap_decoder, ex, fake
+    plain_decoder = cap_decoder = ex = fake = None  # free the GPU memory (closures above hold the names)
     if device == "cuda":
         torch.cuda.empty_cache()
     summary = {}

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import GpuMemoryPoller, sync
 
 
@@ -82,8 +81,8 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
     """Plain forward+backward of the same draft, on the Trainer's own first batch, in a loop."""
     import speculators.train.cli as cli
     from hs_connectors import HiddenStatesBackend
-    from speculators.models.eagle3.data import shift_batch
     from speculators.model import SpeculatorModel
+    from speculators.models.eagle3.data import shift_batch
     from speculators.train.config import TrainConfig
     from speculators.train.dataloader import create_train_val_loaders
 
@@ -112,7 +111,7 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
         hidden_size=model.config.transformer_layer_config.hidden_size,
         num_target_layers=len(model.target_layer_ids), num_workers=0, prefetch_factor=args.prefetch_factor,
         preprocess=shift_batch, train_data_ratio=args.train_data_ratio, seed=args.seed,
-    )  # fmt: skip
+    )
     kwargs, _ = cls.get_trainer_kwargs(**vars(args))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device).train()
@@ -143,7 +142,7 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
     if device == "cuda":
         out["max_memory_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         out["max_memory_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
-    del model
+    model = None  # free the GPU memory (step() above holds the name)
     if device == "cuda":
         torch.cuda.empty_cache()
     return out

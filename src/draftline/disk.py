@@ -52,7 +52,7 @@ class DiskLimit:
     def from_config(cls, config: dict) -> DiskLimit:
         hs = config["hidden_states"]
         return cls(max_disk_gb=hs.get("max_disk_gb"), max_seq_len=config["tokenize"]["max_seq_len"],
-                   total_seq_len=config["train"]["total_seq_len"] if "mode" in hs else None)  # fmt: skip
+                   total_seq_len=config["train"]["total_seq_len"] if "mode" in hs else None)
 
 
 def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> int:
@@ -103,7 +103,7 @@ def _gb(n: float) -> str:
 def describe(est: dict) -> str:
     what = (f"{est['layers']} layers x {est['hidden_size']} x 1 byte fp8 + a float32 scale + token id"
             if est.get("format") == "fp8" else
-            f"{est['layers']} layers x {est['hidden_size']} x {est['dtype']} + token id")  # fmt: skip
+            f"{est['layers']} layers x {est['hidden_size']} x {est['dtype']} + token id")
     bound = "at most " if est.get("upper_bound") else "~"
     return (
         f"hidden states will take {bound}{est['bytes'] / 1e9:.2f} GB: {est['tokens']:,} tokens x "
@@ -116,7 +116,7 @@ def tokens_at_max_seq_len(lengths: list[int], max_seq_len: int) -> int:
 
 
 def fitting_settings(est: dict, limit_bytes: float, *, lengths: list[int] | None = None,
-                     max_seq_len: int | None = None, total_seq_len: int | None = None) -> list[str]:  # fmt: skip
+                     max_seq_len: int | None = None, total_seq_len: int | None = None) -> list[str]:
     """The single settings that each bring the hidden states under `limit_bytes`, with the size
     each gives. `lengths` (the rows' token counts) makes the max_seq_len figure exact; without
     them it assumes every row fills max_seq_len (an upper bound)."""
@@ -150,12 +150,12 @@ def fitting_settings(est: dict, limit_bytes: float, *, lengths: list[int] | None
 
 
 def check_limit(est: dict, max_disk_gb: float | None, *, lengths: list[int] | None = None,
-                max_seq_len: int | None = None, total_seq_len: int | None = None) -> None:  # fmt: skip
+                max_seq_len: int | None = None, total_seq_len: int | None = None) -> None:
     """Stop before extraction when the estimate exceeds the configured limit (None = no limit),
     naming the settings that would make it fit and the size each gives."""
     if max_disk_gb is not None and est["bytes"] > max_disk_gb * 1e9:
         options = fitting_settings(est, max_disk_gb * 1e9, lengths=lengths, max_seq_len=max_seq_len,
-                                   total_seq_len=total_seq_len)  # fmt: skip
+                                   total_seq_len=total_seq_len)
         raise DiskLimitError(
             f"hidden_states.max_disk_gb = {max_disk_gb}: the {describe(est)}, above the limit. "
             "Settings that fit (each alone): " + "; ".join(options)
@@ -244,7 +244,7 @@ def row_lengths(dataset_dir: str | Path) -> list[int] | None:
 
 
 def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers: int, dtype: str,
-                         format: str = "full") -> dict:  # fmt: skip
+                         format: str = "full") -> dict:
     """Before tokenization: every training row filling tokenize.max_seq_len."""
     est = estimate(rows * max_seq_len, rows, hidden_size, n_layers, "float32" if dtype == "auto" else dtype, format)
     est["upper_bound"] = True
@@ -252,14 +252,14 @@ def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers
 
 
 def plan_lines(est: dict, *, mode: str = "offline", total_seq_len: int | None, source: str,
-               release_after_training: bool = False) -> list[str]:  # fmt: skip
+               release_after_training: bool = False) -> list[str]:
     """The dry run's table: each stage's expected disk use for the chosen format and mode."""
     bound = "at most " if est.get("upper_bound") else "~"
     lines = [f"expected disk use (hidden_states.format {est.get('format', 'full')}, mode {mode}; {source}):",
-             f"  tokenized data       {bound}{_gb(est['tokens'] * TOKENIZED_BYTES_PER_TOKEN)}"]  # fmt: skip
+             f"  tokenized data       {bound}{_gb(est['tokens'] * TOKENIZED_BYTES_PER_TOKEN)}"]
     if mode == "online":
         lines.append(f"  hidden states        ~{_gb(online_working_set(est, total_seq_len))} working set "
-                     f"during training (offline would keep {bound}{_gb(est['bytes'])})")  # fmt: skip
+                     f"during training (offline would keep {bound}{_gb(est['bytes'])})")
     else:
         released = ", deleted once training has read them" if release_after_training else ""
         lines.append(f"  hidden-state shards  {describe(est).removeprefix('hidden states will take ')}{released}")

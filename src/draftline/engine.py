@@ -94,12 +94,12 @@ OWN_ARGS = {
     "seed": "regenerate.seed / evaluate.seed", "speculative_config": "evaluate (the draft) and extraction",
     "kv_transfer_config": "hidden-state extraction", "enable_prefix_caching": "hidden-state extraction",
     "disable_log_stats": "evaluation's counters",
-}  # fmt: skip
+}
 
 
 # vllm.* keys with a setting of their own (not to be passed again through engine_args)
 VLLM_KEYS = ("gpu_memory_utilization", "max_num_seqs", "max_model_len", "enable_expert_parallel", "quantization",
-             "kv_cache_dtype", "enforce_eager")  # fmt: skip
+             "kv_cache_dtype", "enforce_eager")
 
 
 class EngineSettingsError(ValueError):

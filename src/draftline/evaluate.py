@@ -35,9 +35,9 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.artifacts import acceptance as record
 from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
-from draftline.sources import read_first_turns
-from draftline.engine import EngineSettings, shutdown, target_llm
 from draftline.config_schema import default
+from draftline.engine import EngineSettings, shutdown, target_llm
+from draftline.sources import read_first_turns
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def read_prompts(path: str | Path, max_prompts: int | None = None) -> list[Promp
 def make_untrained_draft(
     config_dir: str | Path, d2t: str | Path, t2d: str | Path, out_dir: str | Path,
     target: str | Path | None = None, seed: int = 0,
-) -> Path:  # fmt: skip
+) -> Path:
     """The baseline: a freshly initialized draft of the trained one's config and vocab maps.
 
     Built by the code path speculators' Trainer takes for a config-only `--from-pretrained`
@@ -112,14 +112,14 @@ def make_untrained_draft(
     model = _build_from_config_only(
         algorithm.model_class(), str(config_dir), t2d=t2d_t, d2t=d2t_t,
         verifier_name_or_path=str(target) if target else None,
-    )  # fmt: skip
+    )
     with atomic_dir(out_dir) as staging:
         model.save_pretrained(str(staging))
         algorithms.check_checkpoint(staging, algorithm, algorithm.config_facts(config))
         (staging / "draftline_provenance.json").write_text(
             json.dumps({"untrained": True, "algorithm": algorithm.name, "seed": seed, "config": str(config_dir),
                         "d2t": str(d2t), "t2d": str(t2d)}, indent=1) + "\n"
-        )  # fmt: skip
+        )
     log.info("untrained draft (seed %d) written to %s", seed, out_dir)
     return Path(out_dir)
 
@@ -278,7 +278,7 @@ def check_per_prompt(block: dict | None, counters: dict, where: str) -> None:
     summed = record.totals(block)
     per_pos = counters[ACCEPTED_PER_POS]
     expected = {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
-                "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}  # fmt: skip
+                "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}
     if summed != expected:
         raise RuntimeError(
             f"{where}: vLLM's per-request spec-decode metrics sum to {summed}, its counters for the same call to "
@@ -294,11 +294,13 @@ def trained_minus_untrained(drafts: dict, name: str, seed: int) -> dict | None:
         return None
     difference = record.paired_difference(trained, untrained, seed=seed, names=("trained", "untrained"))
     log.info("%s, trained - untrained: mean acceptance length %+.4f (paired 95%% bootstrap %s)",
-             name, difference["mean_acceptance_length"], difference["bootstrap_95"])  # fmt: skip
+             name, difference["mean_acceptance_length"], difference["bootstrap_95"])
     return difference
 
 
-def fitting_prompts(tokenizer, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> tuple[list[Prompt], list[str]]:
+def fitting_prompts(
+    tokenizer, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None
+) -> tuple[list[Prompt], list[str]]:
     """Prompts with room for max_new_tokens within max_model_len, and the ids left out."""
     kept, skipped = [], []
     for prompt in prompts:
@@ -354,7 +356,7 @@ def evaluate(
         sets[name], skipped[name] = fitting_prompts(tokenizer, sets[name], settings, chat_template)
         if skipped[name]:
             log.warning("%s: %d prompts left out: prompt + max_new_tokens exceeds max_model_len=%d: %s",
-                        name, len(skipped[name]), settings.max_model_len, skipped[name])  # fmt: skip
+                        name, len(skipped[name]), settings.max_model_len, skipped[name])
         if not sets[name]:
             raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
     warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
@@ -363,7 +365,7 @@ def evaluate(
     del llm
     for name, ref in reference.items():
         log.info("%s, target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
-                 name, len(sets[name]), ref["prompt_tokens"], ref["output_tokens"], ref["seconds"], ref["output_tokens_per_s"])  # fmt: skip
+                 name, len(sets[name]), ref["prompt_tokens"], ref["output_tokens"], ref["seconds"], ref["output_tokens_per_s"])
 
     results: dict[str, dict] = {name: {} for name in sets}
     checkpoints = {}
@@ -398,7 +400,7 @@ def evaluate(
                 name, draft, numbers["mean_acceptance_length"], (results[name][draft]["spread"] or {}).get("bootstrap_95"),
                 numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
                 run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
-            )  # fmt: skip
+            )
         shutdown(llm)
         del llm
 

@@ -47,7 +47,7 @@ RMS_NORM = frozenset({
     "llama", "mistral", "mixtral", "ministral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "deepseek_v2", "deepseek_v3", "phi3", "olmo2", "smollm3", "granite", "granitemoe", "gpt_oss",
     "llama4_text", "glm4", "glm4_moe",
-})  # fmt: skip
+})
 # ... or x / rms(x) * (1 + w) (Gemma's, Qwen3-Next's zero-centred weight)
 RMS_NORM_ONE_PLUS = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_next"})
 
@@ -173,7 +173,7 @@ def read_head(target_dir: str | Path, trust_remote_code: bool = False) -> Target
             f"hidden_size {hidden}"
         )
     return TargetHead(norm.to(device, torch.float32), head.to(device, torch.float32), float(eps), kind,
-                      model_type, tied, str(folder))  # fmt: skip
+                      model_type, tied, str(folder))
 
 
 # ---------------------------------------------------------------- measure
@@ -231,7 +231,7 @@ def measure(head: TargetHead, samples: Sequence, extracted: Sequence[int]) -> di
         hits["assistant"] += row_assistant_hits
         counts["assistant"] += n_assistant
         per_row.append({"row": int(s.row), "tokens": len(ids), "assistant_tokens": n_assistant,
-                        "top1_assistant": _share(row_assistant_hits, n_assistant)})  # fmt: skip
+                        "top1_assistant": _share(row_assistant_hits, n_assistant)})
     return {
         "rows": [int(s.row) for s in samples],
         "tokens": sum(len(s.token_ids) for s in samples),
@@ -277,7 +277,7 @@ def layer_stats(rows: Sequence, extracted: Sequence[int]) -> list[dict]:
                     nearest, nearest_id = diff, other
         out.append({"layer": int(layer), "rms": round(rms, 6), "token_spread": round(spread, 6),
                     "nearest_layer": nearest_id,
-                    "nearest_difference": None if nearest_id is None else round(nearest, 6)})  # fmt: skip
+                    "nearest_difference": None if nearest_id is None else round(nearest, 6)})
     return out
 
 
@@ -313,7 +313,7 @@ def check(measured: dict, min_top1: float, where: str, basis: str = "") -> None:
     top1 = measured.get("top1_assistant")
     if top1 is not None and top1 < min_top1:
         worst = sorted((r for r in measured.get("per_row", []) if r["top1_assistant"] is not None),
-                       key=lambda r: r["top1_assistant"])[:3]  # fmt: skip
+                       key=lambda r: r["top1_assistant"])[:3]
         rows_note = ", ".join(f"row {r['row']}: {r['top1_assistant']:.3f}" for r in worst)
         raise FidelityError(
             f"{at}: hidden-state fidelity: the target's final norm + lm_head on the stored last layer "

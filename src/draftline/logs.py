@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 
-
 # (logger, message start) of records every job of a kind repeats that no setting changes: vLLM's
 # three lines on why Triton is off, which it prints in every job without a usable Triton.
 NOISE = (

@@ -25,8 +25,14 @@ from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.checks import ConfigError, TargetShape, check_config, target_shape
 from draftline.cluster import cluster_device, jobs_leave_this_machine
 from draftline.disk import (
-    DiskLimit, DiskLimitError, check_limit, parse_time_estimate, plan_lines, row_lengths, upper_bound_estimate,
-)  # fmt: skip
+    DiskLimit,
+    DiskLimitError,
+    check_limit,
+    parse_time_estimate,
+    plan_lines,
+    row_lengths,
+    upper_bound_estimate,
+)
 from draftline.engine import EngineSettings, EngineSettingsError, engine_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
@@ -45,7 +51,7 @@ LAYER_IDS = "results/target/layer_ids.json"
 FINAL_CHECKPOINT = "results/checkpoint/final"
 # The rules that load the target in vLLM: each asks for one GPU per rank itself.
 VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate", "preflight_environment", "preflight_regenerate",
-              "preflight_hidden_states", "preflight_speculative")  # fmt: skip
+              "preflight_hidden_states", "preflight_speculative")
 
 
 HELDOUT_SPLIT = (
@@ -148,7 +154,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         hidden_state_source=HiddenStateSource.from_config(config, dtype=resolved["engine"]["dtype"], engine=engine,
                                                           fidelity=fidelity),
         summary=SummarySettings(run_name=config["run_name"], target=target.name, device=device),
-    )  # fmt: skip
+    )
     planned_rows = functools.cache(lambda: planned_training_rows(config, PROMPTS_SUMMARY))  # counted once
     hidden_state_disk_use(config, the_plan, planned_rows)
     if not remote_exec and not Path(FINAL_CHECKPOINT).exists():
@@ -207,7 +213,7 @@ def _resolve_target(config: dict, workdir: Path) -> tuple[TargetSpec, dict]:
     progress line when that is big, and the hashes kept for every run folder of the user."""
     block = config["target"]
     target = resolve_target(block["model"], name=block["name"], chat_template=block["chat_template"],
-                            repo_root=workdir, revision=block["revision"])  # fmt: skip
+                            repo_root=workdir, revision=block["revision"])
     cache = SharedHashCache(HASH_CACHE)
     local = local_target_files(target, workdir)
     if local is not None:
@@ -320,7 +326,7 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
         est = upper_bound_estimate(rows, max_seq_len, hidden, n_layers, dtype, hs["format"])
         source = f"before tokenization: {rows:,} training prompts x tokenize.max_seq_len {max_seq_len}"
     for line in plan_lines(est, mode=mode, total_seq_len=disk.total_seq_len, source=source,
-                           release_after_training=hs["release_after_training"]):  # fmt: skip
+                           release_after_training=hs["release_after_training"]):
         say(line)
     if mode == "online":
         return
@@ -332,7 +338,7 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
         if not est.get("upper_bound"):
             raise PlanningError(str(error)) from None
         say(f"warning: the hidden states may exceed hidden_states.max_disk_gb = {limit} (an upper "
-            "bound before tokenization; checked exactly after tokenization, before any extraction)")  # fmt: skip
+            "bound before tokenization; checked exactly after tokenization, before any extraction)")
 
 
 def sizing_line(config: dict, plan: Plan, planned_rows: tuple[int | None, str | None]) -> str:
@@ -344,4 +350,4 @@ def sizing_line(config: dict, plan: Plan, planned_rows: tuple[int | None, str | 
 
     measured = measured_rates(REPORT, plan.preflight_plan)
     return for_config(config, plan.target.kind, plan.target.config_folder, plan.device, plan.train_gpus,
-                      planned_rows, measured, plan.target.name)  # fmt: skip
+                      planned_rows, measured, plan.target.name)

@@ -44,8 +44,8 @@ from pathlib import Path
 
 from draftline import plan
 from draftline.artifacts import conversations as conversation_file
-from draftline.atomic import atomic_file
 from draftline.artifacts.preflight import Check, failed, not_run, part_failures, passed, read_part, write_part
+from draftline.atomic import atomic_file
 from draftline.config_schema import default
 from draftline.fidelity import FidelitySettings
 
@@ -221,7 +221,7 @@ def probe(claim_error: str | None = None) -> Node:
         torch_version=version, torch_cuda=torch.version.cuda, cuda_available=has_cuda, driver_cuda=driver_cuda,
         driver_version=driver_version, gpus=tuple(gpus), visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
         cores=len(os.sched_getaffinity(0)), host_available=_host_available(), claim_error=claim_error,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def read_target(target_dir: str | Path, trust_remote_code: bool = False) -> Targ
     folder = Path(target_dir)
     if not (folder / "config.json").is_file():
         raise TargetUnreadable(f"{folder}/config.json: missing or unreadable from this node (is the folder on a "
-                               "filesystem the GPU nodes share? HF_HOME/HF_HUB_CACHE the same there?)")  # fmt: skip
+                               "filesystem the GPU nodes share? HF_HOME/HF_HUB_CACHE the same there?)")
     shape = dims(folder, trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     files = sorted(folder.glob("*.safetensors"))
@@ -283,7 +283,7 @@ def read_target(target_dir: str | Path, trust_remote_code: bool = False) -> Targ
         missing = [name for name in listed if not (folder / name).is_file()]
         if missing:
             raise TargetUnreadable(f"{index} lists {len(missing)} file(s) missing from {folder} (e.g. {missing[0]}): "
-                                   "an unfinished download; fetch the target again")  # fmt: skip
+                                   "an unfinished download; fetch the target again")
     if not files:
         raise TargetUnreadable(f"{folder}: no *.safetensors weights (the hidden-state check and speculators read them)")
     parameters = other = 0
@@ -295,7 +295,7 @@ def read_target(target_dir: str | Path, trust_remote_code: bool = False) -> Targ
             else:
                 other += stop - start
     return TargetFacts(str(folder), shape.hidden_size, shape.num_hidden_layers, len(files), parameters, other,
-                       tokenizer.chat_template is not None)  # fmt: skip
+                       tokenizer.chat_template is not None)
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -316,16 +316,16 @@ def _driver_check(node: Node, env: EnvironmentPlan) -> Check:
     if node.torch_cuda is None:
         return not_run(DRIVER, f"torch {node.torch_version} is a CPU build (see '{TORCH}')")
     guidance = CUDA_12_GUIDANCE.format(build=node.torch_cuda, cuda13=CUDA_13_DRIVER, torch=node.torch_version.split("+")[0],
-                                       vllm=env.versions.get("vllm", "the pinned"))  # fmt: skip
+                                       vllm=env.versions.get("vllm", "the pinned"))
     if node.driver_cuda is None:
         return failed(DRIVER, "no NVIDIA driver on this node (libcuda.so.1 does not load, no nvidia-smi): run the "
-                              "GPU jobs on GPU nodes (the profile's partition)")  # fmt: skip
+                              "GPU jobs on GPU nodes (the profile's partition)")
     build, driver = _version_tuple(node.torch_cuda), _version_tuple(node.driver_cuda)
     details = {"torch_cuda": node.torch_cuda, "driver_cuda": node.driver_cuda, "driver": node.driver_version}
     said = f"driver {node.driver_version or '?'} supports CUDA {node.driver_cuda}"
     if driver[:1] < build[:1]:
         return failed(DRIVER, f"torch {node.torch_version} is built for CUDA {node.torch_cuda} but this node's {said}: "
-                              f"{guidance}", **details)  # fmt: skip
+                              f"{guidance}", **details)
     note = " (an older minor version: CUDA's minor version compatibility covers it)" if driver < build else ""
     return passed(DRIVER, f"{said}; torch {node.torch_version} is built for CUDA {node.torch_cuda}{note}", **details)
 
@@ -369,7 +369,7 @@ def _devices_check(node: Node, env: EnvironmentPlan) -> Check:
             f"The vLLM rules ask for gpu={env.ranks} themselves: give their partition nodes with {env.ranks} free GPUs "
             "(the profile's slurm_partition / gpu_model), set nothing else that narrows CUDA_VISIBLE_DEVICES, or "
             "lower the parallel sizes if the target fits fewer GPUs"
-        ), seen=seen, needed=env.ranks)  # fmt: skip
+        ), seen=seen, needed=env.ranks)
     return passed(GPUS, f"{seen} GPU(s) ({where}) for {split}", seen=seen, needed=env.ranks)
 
 
@@ -382,7 +382,7 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
         kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", env.cpu_kv_cache_gib)) * GIB * env.ranks
         need = (weights or 0) + kv
         said = (f"{node.host_available / GIB:.1f} GiB available; the target in {dtype} takes "
-                f"{(weights or 0) / 1e9:.2f} GB plus {kv / GIB:.0f} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)")  # fmt: skip
+                f"{(weights or 0) / 1e9:.2f} GB plus {kv / GIB:.0f} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)")
         if node.host_available < need:
             return failed(HOST_MEMORY, f"{said}: run on a node with more memory (the profile's mem_mb)")
         return passed(HOST_MEMORY, said)
@@ -396,12 +396,12 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
                 f"gpu_memory_utilization {util} of each GPU ({util * total / GIB:.1f} GiB) when it starts and stops "
                 "with less: another process holds memory on it (nvidia-smi lists it); run where the job's GPUs "
                 "are its own (a whole-GPU partition, or Slurm's --exclusive)"
-            ), free_gib=[round(f / GIB, 1) for f, _ in node.gpus])  # fmt: skip
+            ), free_gib=[round(f / GIB, 1) for f, _ in node.gpus])
     usable = min(util * total for _, total in node.gpus)
     details = {"free_gib": [round(f / GIB, 1) for f, _ in node.gpus], "usable_gib_per_gpu": round(usable / GIB, 1)}
     if weights is None:
         return passed(GPU_MEMORY, f"{len(node.gpus)} GPU(s) with at least {usable / GIB:.1f} GiB for vLLM each "
-                                  "(the target's size is unknown: see 'target readable')", **details)  # fmt: skip
+                                  "(the target's size is unknown: see 'target readable')", **details)
     per_gpu = weights / env.ranks
     details["weights_gb_per_gpu"] = round(per_gpu / 1e9, 2)
     if per_gpu > (1 - KV_CACHE_SHARE) * usable:
@@ -409,11 +409,11 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
             f"the target's weights in {dtype} are {weights / 1e9:.1f} GB, {per_gpu / 1e9:.1f} GB on each of "
             f"{env.ranks} GPU(s), which leaves under {KV_CACHE_SHARE:.0%} of the {usable / GIB:.1f} GiB vLLM may use "
             "per GPU to the KV cache: raise target.tensor_parallel_size (docs/cluster.md, 'Sizing the target')"
-        ), **details)  # fmt: skip
+        ), **details)
     return passed(GPU_MEMORY, (
         f"{len(node.gpus)} GPU(s), {usable / GIB:.1f} GiB for vLLM on each; the weights take "
         f"{per_gpu / 1e9:.1f} GB per GPU in {dtype}"
-    ), **details)  # fmt: skip
+    ), **details)
 
 
 def import_vllm(device: str) -> str:
@@ -434,11 +434,11 @@ def _vllm_check(vllm: str | BaseException, node: Node, env: EnvironmentPlan) -> 
         f"{_one_line(vllm, 400)}: a vLLM wheel runs with the torch build it was compiled against; this "
         f"environment has torch {node.torch_version}: install the vLLM {env.versions.get('vllm', '')} wheel built for "
         "this torch's CUDA, or rebuild the environment from requirements/ (docs/cluster.md, 'CUDA 12 drivers')"
-    ))  # fmt: skip
+    ))
 
 
 def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | BaseException,
-                       vllm: str | BaseException | None = None) -> list[Check]:  # fmt: skip
+                       vllm: str | BaseException | None = None) -> list[Check]:
     """The environment part's checks, from what the job saw (`node`), what the run planned
     (`env`), the target folder (its facts, or the error reading it) and vLLM's import (its
     version, or the error; None: not tried)."""
@@ -448,7 +448,7 @@ def environment_checks(node: Node, env: EnvironmentPlan, target: TargetFacts | B
             f"{facts.folder}: {facts.num_hidden_layers} layers, hidden {facts.hidden_size}, "
             f"{facts.weight_files} safetensors file(s) complete, {facts.float_parameters / 1e9:.2f}B parameters"
             + ("" if facts.chat_template else "; no chat template in the tokenizer (set target.chat_template)")
-        ), parameters=facts.float_parameters)  # fmt: skip
+        ), parameters=facts.float_parameters)
         if not facts.chat_template:
             target_check = failed(TARGET, target_check.reason)
     else:
@@ -475,13 +475,13 @@ def _tried(step: Callable, what: str):
 
 
 def run_environment(target_dir: str | Path, out_dir: str | Path, env: EnvironmentPlan, *, claim_error: str | None = None,
-                    trust_remote_code: bool = False) -> dict:  # fmt: skip
+                    trust_remote_code: bool = False) -> dict:
     """The environment part: probe this node, import vLLM, read the target, write the checks."""
     started = time.monotonic()
     node = _tried(lambda: probe(claim_error), "probing the node (torch, CUDA)")
     if isinstance(node, BaseException):  # torch itself does not import or start: nothing else can run
         checks = [failed(TORCH, f"{_one_line(node)}: rebuild the environment (DRAFTLINE_ENV=gpu ./draftline true, "
-                                "docs/cluster.md)")]  # fmt: skip
+                                "docs/cluster.md)")]
         devices, memory = (GPUS, GPU_MEMORY) if env.device == "cuda" else (CORES, HOST_MEMORY)
         checks += _skip_all([VERSIONS, DRIVER, VLLM, devices, memory, TARGET], f"'{TORCH}' failed")
         return write_part(out_dir, "environment", checks)
@@ -510,7 +510,7 @@ def run_regenerate(
     target_dir: str | Path, prompts_path: str | Path, environment_dir: str | Path, out_dir: str | Path,
     regenerate_settings, evaluate_settings, tokenize_settings, preflight: PreflightSettings,
     regenerate_enabled: bool = True, log_hint: str = "the job's log",
-) -> dict:  # fmt: skip
+) -> dict:
     """The regeneration part: load the target as regeneration does, answer the first
     `preflight.prompts` prompts, decode the first `preflight.rows` greedily (the reference),
     tokenize their conversations. Writes prompts.jsonl, conversations.jsonl, reference.json and
@@ -537,7 +537,7 @@ def run_regenerate(
         engine["llm"] = target_llm(target_dir, regenerate_settings, disable_log_stats=False)
         seconds = measured["regeneration_load_seconds"] = round(time.monotonic() - t0, 1)
         return passed(LOAD, f"loaded in {seconds:.1f} s ({regenerate_settings.dtype}, tensor x pipeline parallel "
-                            f"{regenerate_settings.tensor_parallel_size} x {regenerate_settings.pipeline_parallel_size})")  # fmt: skip
+                            f"{regenerate_settings.tensor_parallel_size} x {regenerate_settings.pipeline_parallel_size})")
 
     checks.append(_attempt(LOAD, load, log_hint))
     if "llm" not in engine:
@@ -548,14 +548,14 @@ def run_regenerate(
 
     def answer() -> Check:
         summary = regenerate.regenerate(target_dir, out / "prompts.jsonl", conversations, out / "regenerate_summary.json",
-                                        regenerate_settings, llm=llm)  # fmt: skip
+                                        regenerate_settings, llm=llm)
         rate = measured["regeneration_tokens_per_s"] = summary["tokens_per_second"]
         cut = summary["answers_truncated"]
         return passed(REGENERATION, (
             f"{summary['rows_out']} of {len(rows)} prompts answered, {summary['generated_tokens']:,} tokens at "
             f"{rate:,.1f} tok/s ({len(rows)} at once); {cut} of {summary['turns_generated']} answers cut at "
             f"regenerate.max_new_tokens {regenerate_settings.max_new_tokens}"
-        ), **{k: summary[k] for k in ("rows_out", "generated_tokens", "answers_truncated", "seconds")})  # fmt: skip
+        ), **{k: summary[k] for k in ("rows_out", "generated_tokens", "answers_truncated", "seconds")})
 
     if regenerate_enabled:
         checks.append(_attempt(REGENERATION, answer, log_hint))
@@ -569,29 +569,30 @@ def run_regenerate(
         prompts, skipped = evaluate.fitting_prompts(llm.get_tokenizer(), prompts, evaluate_settings, chat_template)
         if not prompts:
             raise ValueError(f"no prompt fits max_model_len={evaluate_settings.max_model_len} with "
-                             f"evaluate.max_new_tokens {evaluate_settings.max_new_tokens}")  # fmt: skip
+                             f"evaluate.max_new_tokens {evaluate_settings.max_new_tokens}")
         run = evaluate.timed_generate(llm, prompts, evaluate_settings, chat_template)
         record = {"prompts": [{"id": p.id, "messages": p.messages} for p in prompts], "token_ids": run["token_ids"],
-                  "skipped": skipped, "max_new_tokens": evaluate_settings.max_new_tokens}  # fmt: skip
+                  "skipped": skipped, "max_new_tokens": evaluate_settings.max_new_tokens}
         with atomic_file(out / "reference.json") as f:
             f.write(json.dumps(record) + "\n")
         measured["greedy_tokens_per_s"] = run["output_tokens_per_s"]
         return passed(REFERENCE, f"{len(prompts)} prompts x <= {evaluate_settings.max_new_tokens} tokens, "
-                                 f"{run['output_tokens']:,} tokens at {run['output_tokens_per_s']} tok/s")  # fmt: skip
+                                 f"{run['output_tokens']:,} tokens at {run['output_tokens_per_s']} tok/s")
 
     checks.append(_attempt(REFERENCE, reference, log_hint))
     shutdown(llm)
-    del engine["llm"], llm
+    del engine["llm"]
+    llm = None  # the closures above hold it: release the engine before the next stage
 
     def tokenize() -> Check:
         picked = first_rows(conversations, preflight.rows)
         conversation_file.write(out / "rows.jsonl", picked)
         folder = out / "tokenized"
         summary = tokenization.tokenize(target_dir, out / "rows.jsonl", folder / "dataset", folder / "token_freq.pt",
-                                        folder / "summary.json", tokenize_settings)  # fmt: skip
+                                        folder / "summary.json", tokenize_settings)
         measured["rows"] = summary["rows"]
         return passed(TOKENIZATION, f"{summary['rows']} rows, {summary['total_tokens']:,} tokens, "
-                                    f"{summary['trainable_tokens']:,} trained (assistant) tokens")  # fmt: skip
+                                    f"{summary['trainable_tokens']:,} trained (assistant) tokens")
 
     if checks[1].failed:
         checks.append(not_run(TOKENIZATION, f"'{REGENERATION}' failed"))
@@ -604,7 +605,7 @@ def run_regenerate(
 
 
 def fidelity_check(target_dir: str | Path, samples: list[tuple], extracted: list[int], min_top1: float, where: str,
-                   trust_remote_code: bool = False) -> Check:  # fmt: skip
+                   trust_remote_code: bool = False) -> Check:
     """The hidden-state fidelity check on the extracted rows (draftline.fidelity, the same check
     every extraction shard passes): the one place the preflight calls it. `samples` are (row,
     hidden_states [seq, n_layers, hidden] float, token_ids, loss_mask)."""
@@ -620,14 +621,14 @@ def fidelity_check(target_dir: str | Path, samples: list[tuple], extracted: list
     return passed(FIDELITY, (
         f"the target's own head on the stored last layer predicts the next token on {measured['top1_assistant']} of "
         f"{measured['assistant_tokens']} assistant positions (bar {min_top1}); every stored layer distinct"
-    ), **details)  # fmt: skip
+    ), **details)
 
 
 def run_hidden_states(
     target_dir: str | Path, regenerate_dir: str | Path, layer_ids_path: str | Path, out_dir: str | Path, engine,
     *, backend: str = "vllm", format: str = "full", fidelity_min_top1: float = 0.9,
     log_hint: str = "the job's log",
-) -> dict:  # fmt: skip
+) -> dict:
     """The hidden-state part: the tokenized rows of the regeneration part through the
     extraction stage (one shard of them), then the fidelity check on its files."""
     from draftline import hidden_states
@@ -652,14 +653,14 @@ def run_hidden_states(
             dataset, target_dir, layer_ids_path, 0, 1, shard, engine, backend=backend, format=format,
             staging_root=out / ".staging",
             fidelity=FidelitySettings(rows=0),  # checked once, below, as its own check with the run's bar
-        )  # fmt: skip
+        )
         measured["extraction_load_seconds"] = manifest["load_seconds"]
         rate = measured["extraction_tokens_per_s"] = manifest["tokens_per_s"]
         return passed(EXTRACTION, (
             f"{manifest['num_rows']} rows, {manifest['tokens']:,} tokens, layers {manifest['layer_ids']['extracted']} "
             f"({backend}, {format}, {manifest['dtype']}), every file validated; engine ready in "
             f"{manifest['load_seconds']} s, {rate} tok/s"
-        ), bytes=manifest["bytes"])  # fmt: skip
+        ), bytes=manifest["bytes"])
 
     checks = [_attempt(EXTRACTION, extract, log_hint)]
     if "manifest" not in result:
@@ -672,9 +673,9 @@ def run_hidden_states(
         rows = load_from_disk(str(dataset)).with_format(None)
         extracted = layer_ids_file.read(layer_ids_path).extracted
         samples = [(i, read_states(shard / file_name(i), format), row["input_ids"], row["loss_mask"])
-                   for i, row in enumerate(rows)]  # fmt: skip
+                   for i, row in enumerate(rows)]
         return fidelity_check(target_dir, samples, extracted, fidelity_min_top1, f"preflight extraction ({shard})",
-                              engine.trust_remote_code)  # fmt: skip
+                              engine.trust_remote_code)
 
     checks.append(_attempt(FIDELITY, fidelity, log_hint))
     return write_part(out, "hidden_states", checks, measured)
@@ -686,7 +687,7 @@ def run_hidden_states(
 def run_speculative(
     target_dir: str | Path, regenerate_dir: str | Path, config_dir: str | Path, out_dir: str | Path,
     evaluate_settings, *, draft_vocab_size: int, trust_remote_code: bool = False, log_hint: str = "the job's log",
-) -> dict:  # fmt: skip
+) -> dict:
     """The speculative part: an untrained draft of the run's config (vocab maps from the
     tokenized rows' frequencies), served in vLLM; its greedy outputs must equal the reference."""
     from draftline import evaluate, vocab
@@ -706,12 +707,12 @@ def run_speculative(
     def build() -> Check:
         tokenized = Path(regenerate_dir) / "tokenized"
         vocab.write_vocab(tokenized / "token_freq.pt", target_dir, draft_vocab_size, out / "d2t.npy", out / "t2d.npy",
-                          out / "vocab_summary.json", trust_remote_code)  # fmt: skip
+                          out / "vocab_summary.json", trust_remote_code)
         evaluate.make_untrained_draft(config_dir, out / "d2t.npy", out / "t2d.npy", draft, target=target_dir,
-                                      seed=evaluate_settings.seed)  # fmt: skip
+                                      seed=evaluate_settings.seed)
         config = json.loads((draft / "config.json").read_text())
         return passed(DRAFT, f"{config['speculators_model_type']} draft of {config_dir} (draft vocab "
-                             f"{config['draft_vocab_size']:,}), fresh weights, tensors checked")  # fmt: skip
+                             f"{config['draft_vocab_size']:,}), fresh weights, tensors checked")
 
     checks = [_attempt(DRAFT, build, log_hint)]
     if checks[0].failed:
@@ -735,7 +736,7 @@ def run_speculative(
             f"{len(prompts)} prompts, {run['output_tokens']:,} tokens: equal to the target's own greedy outputs token "
             f"for token; mean acceptance length {numbers['mean_acceptance_length']:.2f} with k="
             f"{evaluate_settings.num_speculative_tokens} (an untrained draft: about 1)"
-        ), mean_acceptance_length=round(numbers["mean_acceptance_length"], 4))  # fmt: skip
+        ), mean_acceptance_length=round(numbers["mean_acceptance_length"], 4))
 
     checks.append(_attempt(LOSSLESS, decode, log_hint))
     return write_part(out, "speculative", checks, measured)
@@ -756,7 +757,7 @@ def verdict(report: dict, parts: dict[str, str | Path], report_md: str | Path) -
         log.info("preflight: all %d checks passed or were not needed", len(report["checks"]))
         return
     failing = [c for c in report["checks"] if c["status"] == "fail"]
-    for name, folder in parts.items():
+    for folder in parts.values():
         if part_failures(read_part(folder)):
             shutil.rmtree(folder, ignore_errors=True)
             log.info("removed %s: its failed checks rerun with the next `preflight`", folder)

@@ -37,7 +37,7 @@ def git_state(repo: str | Path = REPO) -> dict | None:
         dirty = subprocess.run(
             ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+        )
         return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -120,7 +120,7 @@ def write_provenance(smk, path: str | Path | None = None) -> Path:
     record = provenance_record(
         smk.rule, inputs, [str(o) for o in smk.output], params, dict(smk.wildcards.items()),
         process_wall_seconds(),
-    )  # fmt: skip
+    )
     path = Path(path) if path is not None else provenance_dir([str(o) for o in smk.output]) / FILE_NAME
     with atomic_file(path) as out:
         json.dump(record, out, indent=1, sort_keys=True)
@@ -156,7 +156,7 @@ def _data_hashes(step: dict) -> dict[str, str]:
         e["path"]: digest(e)
         for entries in step["inputs"].values()
         for e in entries
-    }  # fmt: skip
+    }
 
 
 def build_lineage(final: str | Path, *also: str | Path) -> dict:

@@ -67,7 +67,7 @@ END_OF_TURN_ROOM = 8
 COUNTERS = (
     "rows_in", "rows_out", "turns_generated", "answers_truncated", "answers_capped_by_context",
     "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long", "generated_tokens", "prompt_tokens",
-)  # fmt: skip
+)
 SHARD_CONVERSATIONS = "conversations.jsonl"  # in each shard folder, beside
 SHARD_SUMMARY = "summary.json"
 
@@ -200,7 +200,8 @@ def answer_conversations(
             if conv.stopped_at is not None or turn >= len(conv.users):
                 continue
             messages = conv.context(turn)
-            room = settings.max_model_len - _prompt_len(tokenizer, messages, chat_template, settings.chat_template_kwargs) - END_OF_TURN_ROOM
+            prompt_len = _prompt_len(tokenizer, messages, chat_template, settings.chat_template_kwargs)
+            room = settings.max_model_len - prompt_len - END_OF_TURN_ROOM
             if room < 1:
                 conv.stopped_at = turn
                 continue
@@ -271,7 +272,7 @@ class _Progress:
             "progress: %d/%d conversations (%.1f%%), %.1f tok/s, about %s left, %d of %d answers truncated so far",
             self.done, self.total, 100 * self.done / max(self.total, 1), self.tokens_now / elapsed, left,
             self.truncated, self.answers,
-        )  # fmt: skip
+        )
 
     @property
     def tokens_per_second(self) -> float:
@@ -322,7 +323,7 @@ def regenerate(
     rows = [a.row for a in answered if a.row is not None]
     if not rows:
         raise ValueError(f"no conversation fits max_model_len={settings.max_model_len} (vllm.max_model_len, by default "
-                         "tokenize.max_seq_len); raise it")  # fmt: skip
+                         "tokenize.max_seq_len); raise it")
     conversation_file.write(out_conversations, rows)
     stats = _sum_stats(a.stats for a in answered)
     stats["seconds"] = round(time.monotonic() - progress.started, 1)
@@ -338,7 +339,7 @@ def _log_summary(stats: dict, max_new_tokens: int | None) -> None:
         "%d rows written (%d left out, %d shortened: prompt too long), %d answers truncated at %s tokens",
         stats["rows_out"], stats["rows_skipped_prompt_too_long"], stats["rows_shortened_prompt_too_long"],
         stats["answers_truncated"], max_new_tokens,
-    )  # fmt: skip
+    )
 
 
 def _write_json(path: str | Path, value: Any) -> None:
@@ -426,7 +427,7 @@ class Staging:
         meta = {
             "key": self.key, "start": start, "stop": stop, "ids": [a.id for a in answered],
             "stats": [a.stats for a in answered], "rows_sha256": sha256_file(stem.with_suffix(".jsonl")),
-        }  # fmt: skip
+        }
         _write_json(stem.with_suffix(".json"), meta)
 
     def _open(self, meta_path: Path, start: int, stop: int) -> _Chunk:
@@ -480,7 +481,7 @@ def _staged_rows(chunk: _Chunk, rows: range) -> Iterator[dict]:
     """The chunk's kept rows inside `rows`, checked against the ids it was staged with."""
     expected = [
         (i, rid) for i, rid, s in zip(range(chunk.start, chunk.stop), chunk.ids, chunk.stats, strict=True) if s["rows_out"]
-    ]  # fmt: skip
+    ]
     got = 0
     for (i, rid), row in zip(expected, conversation_file.iter_rows(chunk.rows_path), strict=False):
         got += 1
@@ -530,7 +531,7 @@ def regenerate_shard(
         count += 1
         if i in staged_id and staged_id[i][1] != row["id"]:
             bad.setdefault(id(staged_id[i][0]), f"{staged_id[i][0].meta_path}: row {i} is {staged_id[i][1]!r}, "
-                                                 f"the prompts file has {row['id']!r}")  # fmt: skip
+                                                 f"the prompts file has {row['id']!r}")
     if count != len(rows):
         raise ValueError(f"{conversations_path}: has fewer rows than {settings_path} says ({num_rows}); rerun regenerate_settings")
     for chunk in [c for c in chunks if id(c) in bad]:
@@ -541,7 +542,7 @@ def regenerate_shard(
     log.info(
         "shard %d/%d: conversations %d..%d of %d (%d); %d already answered in %s, %d to answer; %s",
         shard, num_shards, rows.start, rows.stop - 1, num_rows, len(rows), len(staged), staging.folder, len(todo), settings,
-    )  # fmt: skip
+    )
 
     progress = _Progress(len(rows), staged.values())
     load_seconds = 0.0
@@ -583,7 +584,7 @@ def regenerate_shard(
         "key": key, **stats, "answered": len(todo), "reused": len(rows) - len(todo),
         "load_seconds": round(load_seconds, 1), "seconds": round(seconds, 1),
         "tokens_per_second": progress.tokens_per_second if todo else None,
-    }  # fmt: skip
+    }
     with atomic_dir(out_dir) as tmp:
         conversation_file.write(tmp / SHARD_CONVERSATIONS, (row for c in chunks for row in _staged_rows(c, rows)))
         _write_json(tmp / SHARD_SUMMARY, summary)
@@ -633,7 +634,7 @@ def merge_shards(
     if not stats["rows_out"]:
         max_model_len = answer["answers"].get("engine_outputs", {}).get("max_model_len")
         raise ValueError(f"no conversation fits max_model_len={max_model_len} (vllm.max_model_len, by default "
-                         "tokenize.max_seq_len); raise it")  # fmt: skip
+                         "tokenize.max_seq_len); raise it")
 
     def rows() -> Iterator[dict]:
         for folder, s in zip(map(Path, shard_dirs), summaries, strict=True):
@@ -653,7 +654,7 @@ def merge_shards(
         "seconds": round(seconds, 1),  # answering time summed over the shard jobs (GPU seconds)
         "tokens_per_second": round(sum(s["tokens_per_second"] * s["seconds"] for s in answered) / seconds, 1) if seconds else None,
         "shards": [{k: s[k] for k in ("shard", "row_start", "row_stop", "rows_out", "answered", "reused", "seconds",
-                                     "tokens_per_second")} for s in summaries],  # fmt: skip
+                                     "tokens_per_second")} for s in summaries],
         "key": answer["key"],
         "settings": answer["answers"],
         "sha256": sha256,  # of the merged file

@@ -21,9 +21,9 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
 from draftline.artifacts import metrics  # noqa: E402
+from draftline.artifacts import token_freq as token_freq_file  # noqa: E402
 from draftline.artifacts.benchmarks import read_benchmarks  # noqa: E402,F401 (re-exported)
 from draftline.artifacts.checkpoint import chosen_epoch  # noqa: E402
-from draftline.artifacts import token_freq as token_freq_file  # noqa: E402
 from draftline.artifacts.hidden_states import read_manifest  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def plot_vocab_coverage(token_freq_path: str | Path, vocab_summary: str | Path, 
     ax.plot(
         range(1, len(curve) + 1), curve, marker="." if len(curve) < 50 else None,
         label=f"{len(curve):,} distinct assistant tokens, most frequent first",
-    )  # fmt: skip
+    )
     ax.axvline(size, color="C1", ls="--", label=f"draft vocab {size}: {summary['coverage']:.1%} covered")
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
@@ -152,8 +152,9 @@ def plot_hidden_states_disk(shard_dirs: list[str | Path], out: str | Path) -> li
     mib = [m["bytes"] / 2**20 for m in manifests]
     bars = ax.bar([str(m["shard"]) for m in manifests], mib)
     ax.bar_label(
-        bars, labels=[f"{m['num_rows']} rows\n{m['tokens']:,} tok\n{m['bytes'] / max(m['tokens'], 1):,.0f} B/tok" for m in manifests], fontsize=8,
-    )  # fmt: skip
+        bars, fontsize=8,
+        labels=[f"{m['num_rows']} rows\n{m['tokens']:,} tok\n{m['bytes'] / max(m['tokens'], 1):,.0f} B/tok" for m in manifests],
+    )
     ax.set_ylim(0, max(mib, default=1) * 1.35)
     ax.set_xlabel("shard")
     ax.set_ylabel("MiB on disk")

@@ -103,14 +103,14 @@ def shape_of(config_path: str | Path, name: str | None = None) -> Shape:
         intermediate=c.get("intermediate_size") or 4 * c["hidden_size"], vocab=c["vocab_size"],
         experts=experts, experts_per_token=c.get("num_experts_per_tok", 0) if experts else 0,
         expert_intermediate=c.get("moe_intermediate_size", 0) if experts else 0,
-    )  # fmt: skip
+    )
 
 
 # The targets of the docs' table (their published config.json values).
 LLAMA_8B = Shape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256)
 LLAMA_70B = Shape("Llama-3.3-70B", 80, 8192, 64, 8, 128, 28672, 128256)
 QWEN3_235B = Shape("Qwen3-235B-A22B (MoE)", 94, 4096, 64, 4, 128, 12288, 151936, experts=128,
-                   experts_per_token=8, expert_intermediate=1536, total_params=235e9)  # fmt: skip
+                   experts_per_token=8, expert_intermediate=1536, total_params=235e9)
 SMOLLM2_135M = Shape("SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152)
 DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)
 
@@ -174,7 +174,7 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
     gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
     start = {"regeneration": start_regeneration, "extraction": start_extraction, "training": START_S,
-             "evaluation": 3 * start_regeneration}  # fmt: skip
+             "evaluation": 3 * start_regeneration}
     if not generated:
         work["regeneration"] = jobs["regeneration"] = 0
     device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] for k in work}
@@ -202,11 +202,11 @@ def _basis(device: str, measured: dict | None) -> str:
             "regeneration and evaluation assumed (0.3 of the matmul rate, not measured)"
             if device == "cuda" else
             "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token"
-        )  # fmt: skip
+        )
     figures = []
     if "regeneration_tokens_per_s" in measured:
         figures.append(f"regeneration {measured['regeneration_tokens_per_s']:,.0f} tok/s "
-                       f"({measured.get('prompts')} prompts at once: a run batches more, so this bounds it from below)")  # fmt: skip
+                       f"({measured.get('prompts')} prompts at once: a run batches more, so this bounds it from below)")
     if "extraction_tokens_per_s" in measured:
         figures.append(f"extraction {measured['extraction_tokens_per_s']:,.0f} tok/s ({measured.get('rows')} rows)")
     loads = [measured[k] for k in ("regeneration_load_seconds", "extraction_load_seconds") if k in measured]
@@ -214,12 +214,12 @@ def _basis(device: str, measured: dict | None) -> str:
         figures.append(f"start-up {max(loads):.0f} s per vLLM job")
     gpus = measured.get("gpus_per_job") or 1
     training = ("training measured on the 8B shape (H200), scaled by draft size" if device == "cuda" else
-                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")  # fmt: skip
+                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")
     rest = [s for s in ("regeneration", "extraction") if f"{s}_tokens_per_s" not in measured]
     assumed = f"; {' and '.join(rest)} as without it" if rest else ""
     jobs = f", jobs of {gpus} GPU(s)" if device == "cuda" else ""
     return (f"measured by this run's preflight ({measured.get('source', 'results/preflight/report.json')}{jobs}): "
-            f"{', '.join(figures)}{assumed}; {training}")  # fmt: skip
+            f"{', '.join(figures)}{assumed}; {training}")
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -275,7 +275,7 @@ def planned_training_rows(config: dict, prompts_summary: str | Path | None = Non
 def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int,
                planned: tuple[int | None, str | None],
                measured: tuple[dict | None, str] = (None, "no preflight report"),
-               target_name: str | None = None) -> str:  # fmt: skip
+               target_name: str | None = None) -> str:
     """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
     it waits for: the target's config.json (a hub model still to download) or the count of
     training conversations (a source that cannot be counted cheaply, without prompts.max_samples).
@@ -289,7 +289,7 @@ def for_config(config: dict, target_kind: str, target_dir: str | Path, device: s
         shape = SMOLLM2_135M
     else:
         return (f"no sizing estimate before the first job: the target's config.json is not in {target_dir} "
-                "yet (the target_model job downloads it; the next dry run prints the estimate)")  # fmt: skip
+                "yet (the target_model job downloads it; the next dry run prints the estimate)")
     conversations, why_not = planned
     if conversations is None:
         return f"no sizing estimate before the first job: {why_not}"
@@ -305,7 +305,7 @@ def for_config(config: dict, target_kind: str, target_dir: str | Path, device: s
     if shape.experts and device == "cuda":
         on = (config.get("vllm") or {}).get("enable_expert_parallel")
         text += (f"; MoE with expert parallelism {'on' if on else 'off'} (vllm.enable_expert_parallel), which the "
-                 "assumed rates do not model (docs/cluster.md)")  # fmt: skip
+                 "assumed rates do not model (docs/cluster.md)")
     return text
 
 

@@ -33,7 +33,7 @@ def build_speculator_config(
     target = str(target)
     check_draft_vocab(draft_vocab_size, target_vocab_size(target, trust_remote_code), target)
     return algorithms.get(algorithm).build_config(target, list(aux_layer_ids), draft_vocab_size, settings,
-                                                  trust_remote_code)  # fmt: skip
+                                                  trust_remote_code)
 
 
 def _essentials(config: dict) -> dict:
@@ -87,5 +87,5 @@ def write_speculator_config(
         "%s config: %d draft layer(s), hidden %d, draft vocab %d of %d, aux layers %s, verifier %s",
         algorithm, settings.num_layers, facts.hidden_size, facts.draft_vocab_size, facts.target_vocab_size,
         facts.aux_layer_ids, target,
-    )  # fmt: skip
+    )
     return Path(out_dir)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftline.atomic import atomic_file
 from draftline.artifacts.benchmarks import read_benchmarks
 from draftline.artifacts.checkpoint import chosen_epoch
+from draftline.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def acceptance_table(acceptance: dict) -> pd.DataFrame:
                 "interval_95": interval, "acceptance_rate": numbers.get("acceptance_rate"),
                 **{f"position_{i + 1}": per_position[i] for i in range(k)},
                 "output_tokens_per_s": numbers.get("output_tokens_per_s"), "speedup": numbers.get("speedup"),
-            })  # fmt: skip
+            })
     return pd.DataFrame(rows)
 
 
@@ -148,11 +148,11 @@ def build_summary(
         "tokenized_rows": tokenized.get("rows"), "tokens": tokenized.get("total_tokens"),
         "trainable_tokens": tokenized.get("trainable_tokens"), "max_seq_len": tokenized.get("max_seq_len"),
         "draft_vocab_size": vocab.get("draft_vocab_size"), "draft_vocab_coverage": vocab.get("coverage"),
-    }  # fmt: skip
+    }
     sources = [
         {key: source.get(key) for key in ("path", "format", "rows_read", "kept", "duplicates", "rejected", "rejected_reasons")}
         for source in prompts.get("sources") or []
-    ]  # fmt: skip
+    ]
     rejected = [s for s in sources if s["rejected"]]
     if rejected:
         per_source = "; ".join(
@@ -197,7 +197,7 @@ def build_summary(
             "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
             # samples the Trainer skipped without hidden states (online: the server gave none)
             "skipped_samples": provenance.get("skipped_samples"),
-        }  # fmt: skip
+        }
         skipped = training["skipped_samples"] or {}
         if skipped.get("total"):
             warnings.append(
@@ -305,14 +305,14 @@ def to_markdown(summary: dict) -> str:
         k = summary["num_speculative_tokens"]
         lines += [f"## Acceptance (k = {k}; headline: the {summary['headline_set']} set)", ""]
         lines += ["| set | prompts | draft | mean acceptance length [95%] | " + " | ".join(f"pos {i + 1}" for i in range(k))
-                  + " | tok/s | speed-up |", "|---" * (6 + k) + "|"]  # fmt: skip
+                  + " | tok/s | speed-up |", "|---" * (6 + k) + "|"]
         for row in acceptance.to_dict("records"):
             interval = row.get("interval_95")
             mal = _fmt(row["mean_acceptance_length"]) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
             cells = [row["set"] + (" (headline)" if row["headline"] else ""), _fmt(row["prompts"]), row["draft"], mal,
                      *[_fmt(row.get(f"position_{i + 1}")) for i in range(k)],
                      f"{row['output_tokens_per_s']:.1f}" if row.get("output_tokens_per_s") is not None else "n/a",
-                     _fmt(row.get("speedup"))]  # fmt: skip
+                     _fmt(row.get("speedup"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"Every speculative output identical to the target's own: {summary['lossless']}.", ""]
     training = summary["training"]
@@ -320,7 +320,7 @@ def to_markdown(summary: dict) -> str:
         lines += ["## Training", "",
                   f"Published epoch {training['chosen_epoch']} of {training['epochs']} ({training['reason']}); "
                   f"{training['optimizer']} on {training['device']} x {training['world_size']}, "
-                  f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]  # fmt: skip
+                  f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]
         skipped = training.get("skipped_samples")
         if skipped is not None:
             lines[-1:-1] = [
@@ -336,7 +336,7 @@ def to_markdown(summary: dict) -> str:
                   f"{fidelity['assistant_tokens']} assistant positions in {fidelity['rows']} rows"
                   + (f" (lowest shard {_fmt(lowest)})" if lowest is not None else "")
                   + f"; bar {fidelity['min_top1']} ({fidelity['basis']}). Every stored layer non-zero, varying over "
-                  "tokens and distinct from the others.", ""]  # fmt: skip
+                  "tokens and distinct from the others.", ""]
     data, truncation = summary["data"], summary["truncation"]
     lines += ["## Data", "", "| what | count |", "|---|---|"]
     lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]
@@ -355,7 +355,7 @@ def to_markdown(summary: dict) -> str:
             )
     if summary.get("sources"):
         lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "|---|---|---|---|---|---|"]
         for source in summary["sources"]:
             reasons = ", ".join(f"{code}: {n}" for code, n in sorted((source["rejected_reasons"] or {}).items()))
             lines.append(
@@ -366,7 +366,7 @@ def to_markdown(summary: dict) -> str:
     lines += [f"| {folder} | {_size(size)} |" for folder, size in summary["disk_bytes"].items()]
     total = sum(summary["wall_seconds"].values())
     lines += ["", f"## Wall time per job, longest first (sum {_duration(total)}; parallel jobs overlap)", "",
-              "| job | wall time |", "|---|---|"]  # fmt: skip
+              "| job | wall time |", "|---|---|"]
     lines += [f"| {job} | {_duration(s)} |" for job, s in summary["wall_seconds"].items()]
     lines.append("")
     return "\n".join(lines)

@@ -112,7 +112,7 @@ class SharedHashCache(HashCache):
         loud = total >= PROGRESS_MIN_BYTES
         if loud:
             report(f"hashing {what}: {_gb(total)} in {len(todo)} files no earlier plan has hashed (once per "
-                   f"file version: the hashes are kept in {self.shared_path} and {self.path})")  # fmt: skip
+                   f"file version: the hashes are kept in {self.shared_path} and {self.path})")
         start = last = time.monotonic()
         done = 0
 
@@ -124,7 +124,7 @@ class SharedHashCache(HashCache):
                 last = now
                 rate = done / (now - start)
                 report(f"hashing {what}: {_gb(done)} of {_gb(total)}, {_gb(rate)}/s, about "
-                       f"{_duration((total - done) / rate)} left")  # fmt: skip
+                       f"{_duration((total - done) / rate)} left")
 
         for path, key, _ in todo:
             self._remember(key, _sha256(path, progress))
@@ -191,5 +191,5 @@ def local_target_files(spec, root: str | Path) -> tuple[Path, list[Path]] | None
     files = [
         p for p in folder.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]  # fmt: skip
+    ]
     return folder, files

@@ -184,7 +184,8 @@ def iter_tokenized(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, 
         trainable = sum(tok.loss_mask)
         if trainable < settings.min_trainable_tokens:
             stats["rows_dropped_few_trainable_tokens"] += 1
-            log.warning("id %r dropped: %d trainable tokens < tokenize.min_trainable_tokens=%d", row["id"], trainable, settings.min_trainable_tokens)
+            log.warning("id %r dropped: %d trainable tokens < tokenize.min_trainable_tokens=%d",
+                        row["id"], trainable, settings.min_trainable_tokens)
             continue
         stats["rows"] += 1
         stats["total_tokens"] += len(tok.input_ids)
@@ -251,8 +252,8 @@ def tokenize(
     """
     import tempfile
 
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
     from datasets import Dataset
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
 
     tokenizer = load_tokenizer(target_dir, settings.trust_remote_code)
     chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
@@ -339,7 +340,7 @@ def speculators_dataset(tokenized, tokenizer, settings: TokenizeSettings, parts_
         return build_speculator_training_dataset(
             rows, tokenizer, max_length=settings.max_seq_len, num_proc=1,
             minimum_valid_tokens=settings.min_trainable_tokens,
-        )  # fmt: skip
+        )
 
     lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_pylist()
     bounds = part_bounds(lengths, part_tokens or PART_TOKENS)
@@ -367,7 +368,8 @@ def _verify(staging: Path, tokenized) -> None:
         raise RuntimeError(f"written dataset has {len(dataset)} rows, expected {len(tokenized)}")
     expected = Counter()
     for i, (written, row) in enumerate(zip(dataset, tokenized.with_format(None), strict=True)):
-        if written["input_ids"] != row["input_ids"] or written["loss_mask"] != row["loss_mask"] or written["seq_len"] != len(row["input_ids"]):
+        same = written["input_ids"] == row["input_ids"] and written["loss_mask"] == row["loss_mask"]
+        if not same or written["seq_len"] != len(row["input_ids"]):
             raise RuntimeError(f"written dataset row {i} differs from the tokenized conversation")
         expected.update(t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m)
     freq = torch.load(staging / "token_freq.pt", weights_only=True)

@@ -54,10 +54,9 @@ def has_accelerator() -> bool:
 
 def apply_cpu_shims() -> None:
     """Let speculators' Trainer run on the CPU (no-ops where an accelerator exists)."""
-    import torch
-
     import speculators.train.checkpointer as checkpointer
     import speculators.train.trainer as trainer
+    import torch
 
     trainer.get_local_rank = lambda: "cpu"
     checkpointer.get_current_device = lambda: "cpu"
@@ -262,7 +261,7 @@ def install_skip_counter(recorder: MetricsRecorder) -> None:
             epoch = recorder.current_epoch
             if recorder.path:
                 metrics.append(recorder.path, {"time": time.time(), "skipped_samples": skipped, "phase": self.phase,
-                                               "epoch": epoch, "rank": rank})  # fmt: skip
+                                               "epoch": epoch, "rank": rank})
             _progress(
                 f"{self.phase} epoch {_human(epoch)}: speculators dropped {skipped} sample(s) from a batch on rank "
                 f"{rank}, without their hidden states (its warning above says why); {seen[self.phase]} in "

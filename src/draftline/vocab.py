@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from draftline.artifacts.target import vocab_size as target_vocab_size
 from draftline.artifacts import token_freq as token_freq_file
+from draftline.artifacts.target import vocab_size as target_vocab_size
 from draftline.atomic import atomic_file
 from draftline.checks import check_draft_vocab
 

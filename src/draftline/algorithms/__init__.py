@@ -60,7 +60,7 @@ class DraftAlgorithm(Protocol):
     vllm_method: str  # vLLM's speculative_config["method"]
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
-                     trust_remote_code: bool = False): ...  # fmt: skip
+                     trust_remote_code: bool = False): ...
 
     def config_facts(self, config: dict) -> ConfigFacts: ...
 

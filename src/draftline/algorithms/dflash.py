@@ -20,15 +20,15 @@ class DFlash(FusedAuxDraft):
     vllm_method = "dflash"
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
-                     trust_remote_code: bool = False):  # fmt: skip
+                     trust_remote_code: bool = False):
         from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
         from speculators.train.utils import resolve_mask_token_id
 
         args = resolve_train_args(target, aux, draft_vocab_size, settings, self.name, trust_remote_code,
-                                  extra=["--block-size", str(settings.block_size)])  # fmt: skip
+                                  extra=["--block-size", str(settings.block_size)])
         layer = transformer_layer_config(target, args, trust_remote_code)
         args["mask_token_id"] = resolve_mask_token_id(target, layer.vocab_size, args.get("mask_token_id"),
-                                                      trust_remote_code=trust_remote_code)  # fmt: skip
+                                                      trust_remote_code=trust_remote_code)
         return DFlashSpeculatorConfig(**DFlashDraftModel._build_base_config_kwargs(self.name, layer, **args))
 
     def trainer_args(self, settings: DraftSettings) -> list[str]:

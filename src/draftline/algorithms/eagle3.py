@@ -14,7 +14,7 @@ from draftline.algorithms import DraftSettings, FusedAuxDraft
 def resolve_train_args(
     target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings, name: str,
     trust_remote_code: bool, extra: list[str] = (),
-) -> dict:  # fmt: skip
+) -> dict:
     """speculators' resolved training arguments for a fresh draft of type `name` (its defaults,
     `extra` flags on top)."""
     from speculators.train.config import TrainConfig
@@ -27,7 +27,7 @@ def resolve_train_args(
         "--target-layer-ids", *[str(i) for i in aux],
         "--ttt-steps", str(settings.ttt_steps),
         *extra,
-    ]  # fmt: skip
+    ]
     if trust_remote_code:
         argv.append("--trust-remote-code")
     return TrainConfig.resolve(argv).flatten()
@@ -68,7 +68,7 @@ class Eagle3(FusedAuxDraft):
     vllm_method = "eagle3"
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
-                     trust_remote_code: bool = False):  # fmt: skip
+                     trust_remote_code: bool = False):
         from speculators.models.eagle3 import Eagle3SpeculatorConfig
         from speculators.models.utils import resolve_target_layer_ids
 

@@ -231,7 +231,7 @@ def draft_block(result: dict, path: str | Path, prompt_set: str, draft: str) -> 
 def compare_files(
     path_a: str | Path, path_b: str | Path, prompt_set: str = "test", draft_a: str = "trained", draft_b: str = "trained",
     seed: int = 0, count: int = RESAMPLES,
-) -> dict:  # fmt: skip
+) -> dict:
     """paired_difference of one draft in acceptance.json A and one in B on the same prompt set."""
     a = draft_block(read(path_a), path_a, prompt_set, draft_a)
     b = draft_block(read(path_b), path_b, prompt_set, draft_b)

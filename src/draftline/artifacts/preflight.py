@@ -98,7 +98,7 @@ def assemble(parts: dict[str, str | Path], plan: dict) -> dict:
         measured.update(record["measured"])
     failures = [c["name"] for c in checks if c["status"] == FAIL]
     return {"ok": not failures, "failed": failures, "plan": plan, "parts": list(parts), "checks": checks,
-            "measured": measured}  # fmt: skip
+            "measured": measured}
 
 
 MARK = {PASS: "pass", FAIL: "**FAIL**", NOT_RUN: "not run"}
@@ -110,7 +110,7 @@ def markdown(report: dict) -> str:
         "",
         ("All checks passed: the run can start." if report["ok"] else
          f"**{len(report['failed'])} check(s) failed**: fix what the reasons say, then run `preflight` again "
-         "(the failed parts rerun)."),  # fmt: skip
+         "(the failed parts rerun)."),
         "",
         "| part | check | result | reason |",
         "|---|---|---|---|",
@@ -122,7 +122,7 @@ def markdown(report: dict) -> str:
         lines += ["", "## Measured", "", "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in sorted(report["measured"].items())]
         lines += ["", "The plan's sizing uses the regeneration and extraction rates and the start-up "
-                      "seconds above in place of its assumed ones (docs/sizing.md)."]  # fmt: skip
+                      "seconds above in place of its assumed ones (docs/sizing.md)."]
     return "\n".join(lines) + "\n"
 
 
@@ -151,7 +151,7 @@ def measured_rates(path: str | Path, plan: dict) -> tuple[dict | None, str]:
         return None, f"{path} is unreadable"
     if _canonical(made_under) != _canonical(plan):
         return None, (f"{path} was measured for another target, device, dtype, parallel split, vllm: settings or versions "
-                      "(run `preflight` again to measure this plan)")  # fmt: skip
+                      "(run `preflight` again to measure this plan)")
     rates = {k: float(measured[k]) for k in RATES if isinstance(measured.get(k), int | float) and measured[k] > 0}
     if not rates:
         return None, f"{path} holds no measured rate (its regeneration and extraction did not run)"

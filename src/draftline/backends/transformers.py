@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_TOKENS = 32768
 WRITERS = 4
-MAX_BATCHES_IN_FLIGHT = 4  # bounds pinned host memory held by batches waiting to be written (2 or 4: the same 29.4k tok/s on an H200, docs/gpu.md)
+# bounds pinned host memory held by batches waiting to be written (2 or 4: the same rate on an H200, docs/gpu.md)
+MAX_BATCHES_IN_FLIGHT = 4
 
 
 def job_device_map(target_dir: str | Path, dtype: str, gpus: int, batch_tokens: int,
@@ -54,7 +55,7 @@ def job_device_map(target_dir: str | Path, dtype: str, gpus: int, batch_tokens: 
         return None
     config = AutoConfig.from_pretrained(str(target_dir), trust_remote_code=trust_remote_code)
     placement = device_map_for(config, gpu_memory(gpus, config, dtype, batch_tokens), dtype,
-                               trust_remote_code=trust_remote_code, source=str(target_dir))  # fmt: skip
+                               trust_remote_code=trust_remote_code, source=str(target_dir))
     log.info("target split over %d GPUs: %s", gpus, describe_device_map(placement))
     return placement
 
@@ -62,7 +63,7 @@ def job_device_map(target_dir: str | Path, dtype: str, gpus: int, batch_tokens: 
 def load_decoder(
     target_dir: str | Path, dtype: str, device: str, trust_remote_code: bool = False, *,
     placement: dict | None = None,
-):  # fmt: skip
+):
     """The target's decoder stack (embeddings, layers, final norm) in eval mode on `device`, or
     split over GPUs as `placement` (a device map, `job_device_map`) says."""
     import torch
@@ -71,7 +72,7 @@ def load_decoder(
     model = AutoModelForCausalLM.from_pretrained(
         str(target_dir), dtype=getattr(torch, dtype), device_map=placement or device,
         trust_remote_code=trust_remote_code,
-    )  # fmt: skip
+    )
     decoder = model.get_decoder()
     if not hasattr(decoder, "norm"):
         raise ValueError(
@@ -104,7 +105,7 @@ def gpu_memory(gpus: int, config, dtype: str, batch_tokens: int) -> dict[int, in
 
 def device_map_for(
     config, max_memory: dict[int, int], dtype: str, *, trust_remote_code: bool = False, source: str = "the target",
-) -> dict[str, int]:  # fmt: skip
+) -> dict[str, int]:
     """Which GPU each module of the target goes to when split over the GPUs of `max_memory`
     (GPU index -> bytes of weights it may hold): accelerate's balanced map (`get_balanced_memory`,
     then `infer_auto_device_map`), computed on an empty (meta) model, so nothing is loaded and
@@ -213,7 +214,7 @@ class HFExtractor:
             out = self.decoder(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 output_hidden_states=True, use_cache=False,
-            )  # fmt: skip
+            )
             if len(out.hidden_states) != self.n + 1 or len(self._last) != 1:
                 raise RuntimeError(
                     f"{type(self.decoder).__name__} returned {len(out.hidden_states)} hidden states "
@@ -243,7 +244,7 @@ class HFExtractor:
 
 
 def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden: int, row: int, dtype: str,
-               format: str = "full") -> int:  # fmt: skip
+               format: str = "full") -> int:
     import torch
     from safetensors.torch import save_file
 
@@ -264,7 +265,7 @@ def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden:
 def run_batches(
     extractor: HFExtractor, rows: Sequence[int], ids_by_row, dest_dir: Path, *,
     batch_tokens: int = DEFAULT_BATCH_TOKENS, max_rows: int = 64, writers: int = WRITERS,
-) -> int:  # fmt: skip
+) -> int:
     """Extract `rows` into `dest_dir/hs_<row>.safetensors`; return the token count."""
     lengths = {r: len(ids_by_row[r]) for r in rows}
     plan = batches(rows, lengths, batch_tokens, max_rows)
@@ -340,7 +341,7 @@ class TransformersBackend:
         tokens = run_batches(
             extractor, request.rows, request.token_ids, request.dest,
             batch_tokens=batch_tokens, max_rows=request.rows_per_call,
-        )  # fmt: skip
+        )
         return Extracted(tokens, load_s, time.perf_counter() - t1)
 
 

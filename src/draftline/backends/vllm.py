@@ -182,7 +182,7 @@ class VllmBackend:
             request.target_dir, settings, enable_prefix_caching=False, in_process=False,
             gpu_memory_utilization=request.options.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
             **extraction_engine_kwargs(request.extracted, scratch, request.format),
-        )  # fmt: skip
+        )
         load_s = time.perf_counter() - t0
         log.info("engine ready in %.1f s", load_s)
         extractor = Extractor(llm, len(request.extracted), request.hidden_size, settings.dtype, request.format)

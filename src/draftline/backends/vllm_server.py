@@ -68,7 +68,7 @@ class ServerSettings:
     def record(self) -> dict:
         """What provenance shows: the engine arguments, the layers, the device and threads."""
         return {**self.engine_kwargs(), "extracted": list(self.extracted), "cuda": self.cuda,
-                "threads": self.engine.threads, "cpu_kv_cache_gib": self.engine.cpu_kv_cache_gib}  # fmt: skip
+                "threads": self.engine.threads, "cpu_kv_cache_gib": self.engine.cpu_kv_cache_gib}
 
     def key(self) -> dict:
         """What decides the states (the run key's part): not the speed-only settings."""
@@ -76,7 +76,7 @@ class ServerSettings:
         return {"extracted": list(self.extracted), "dtype": self.dtype, "max_model_len": e.max_model_len,
                 "seed": e.seed, "tensor_parallel_size": e.tensor_parallel_size,
                 "pipeline_parallel_size": e.pipeline_parallel_size, "trust_remote_code": e.trust_remote_code,
-                **output_settings(e)}  # fmt: skip
+                **output_settings(e)}
 
 
 def cli_flags(kwargs: dict) -> list[str]:
@@ -119,7 +119,7 @@ def server_command(settings: ServerSettings, port: int, storage_dir: str | Path)
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(settings.extracted)}},
     }
     transfer = {**connector, "kv_role": "kv_producer",
-                "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)}}  # fmt: skip
+                "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)}}
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         # the served name is the path the Trainer passes as --verifier-name-or-path (it checks them equal)
@@ -130,7 +130,7 @@ def server_command(settings: ServerSettings, port: int, storage_dir: str | Path)
         "--no-enable-prefix-caching",  # every row is computed (as in backends.vllm)
         "--speculative-config", json.dumps(speculative),
         "--kv-transfer-config", json.dumps(transfer),
-    ]  # fmt: skip
+    ]
 
 
 def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
@@ -211,7 +211,7 @@ class VllmServer:
     """The extraction server for the lifetime of a `with` block."""
 
     def __init__(self, settings: ServerSettings, storage_dir: str | Path, log_path: str | Path,
-                 ready_timeout_s: float = 900.0, devices: list[str] | None = None):  # fmt: skip
+                 ready_timeout_s: float = 900.0, devices: list[str] | None = None):
         self.settings = settings
         self.storage_dir = Path(storage_dir)
         self.log_path = Path(log_path)
@@ -251,9 +251,9 @@ class VllmServer:
                 self.proc = subprocess.Popen(
                     command, env=server_env(self.settings, self.devices), stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
-                )  # fmt: skip
+                )
             log.info("server pid %d (process group of its own), port %d, log %s",
-                     self.proc.pid, self.port, self.log_path)  # fmt: skip
+                     self.proc.pid, self.port, self.log_path)
             if self._wait_ready(t0):
                 self.ready_s = time.monotonic() - t0
                 log.info("hidden-state server ready at %s after %.1f s", self.endpoint, self.ready_s)

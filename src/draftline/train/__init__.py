@@ -35,9 +35,18 @@ One module per job, as speculators splits its own `speculators.train`:
 
 from draftline.train.args import TrainerOptions, launch_command, speculators_args
 from draftline.train.checkpoints import (
-    INTERRUPTED, NOT_IN_RUN_KEY, Run, describe_start, discard_incomplete_epochs, epoch_dirs, finished_epochs,
-    input_fingerprints, local_step, prune_old_runs, run_key,
-)  # fmt: skip
+    INTERRUPTED,
+    NOT_IN_RUN_KEY,
+    Run,
+    describe_start,
+    discard_incomplete_epochs,
+    epoch_dirs,
+    finished_epochs,
+    input_fingerprints,
+    local_step,
+    prune_old_runs,
+    run_key,
+)
 from draftline.train.inputs import InputFacts, check_inputs
 from draftline.train.job import train
 from draftline.train.online import check_online_fidelity
@@ -53,4 +62,4 @@ __all__ = [
     "discard_incomplete_epochs", "epoch_dirs", "finished_epochs", "input_fingerprints", "launch_command",
     "local_step", "name_verifier", "name_verifier_in_run_records", "prune_old_runs", "run_key", "run_trainer",
     "speculators_args", "split_devices", "split_threads", "train",
-]  # fmt: skip
+]

@@ -58,7 +58,7 @@ def train_data_ratio(settings: TrainSettings, rows: int) -> float:
 
 
 def speculators_args(inputs: TrainInputs, settings: TrainSettings, facts: InputFacts, options: TrainerOptions,
-                     run_dir: Path, vllm_endpoint: str | None = None) -> list[str]:  # fmt: skip
+                     run_dir: Path, vllm_endpoint: str | None = None) -> list[str]:
     """speculators' train flags; with `vllm_endpoint` the Trainer asks that server for every
     sample's hidden states (`inputs.hidden_states` is then the server's scratch folder)."""
     algorithm = algorithms.get(facts.algorithm)
@@ -94,7 +94,7 @@ def speculators_args(inputs: TrainInputs, settings: TrainSettings, facts: InputF
         *(["--fsdp-shard"] if options.fsdp else []),
         # target.trust_remote_code: the verifier's config and embeddings may need its code
         *(["--trust-remote-code"] if options.trust_remote_code else []),
-    ]  # fmt: skip
+    ]
 
 
 def launch_command(args: list[str], cuda: bool, gpus: int) -> list[str]:
@@ -102,5 +102,5 @@ def launch_command(args: list[str], cuda: bool, gpus: int) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node", str(gpus), "-m", "draftline.train_entry", *args,
-        ]  # fmt: skip
+        ]
     return [sys.executable, "-m", "draftline.train_entry", *args]

@@ -49,7 +49,7 @@ def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[
     hidden = (
         hashlib.sha256(json.dumps({"online": server}, sort_keys=True).encode()).hexdigest() if server is not None
         else digest(fingerprint(inputs.hidden_states, limit=0))
-    )  # fmt: skip
+    )
     return {
         "config": digest(fingerprint(Path(inputs.config_dir) / "config.json")),
         "d2t": digest(fingerprint(inputs.d2t)),
@@ -72,7 +72,7 @@ def run_key(settings: TrainSettings, optimizer: str, world_size: int, fingerprin
 
 
 def open_run(runs_dir: Path, inputs: TrainInputs, settings: TrainSettings, options: TrainerOptions,
-             world_size: int, server_key: dict | None) -> Run:  # fmt: skip
+             world_size: int, server_key: dict | None) -> Run:
     """The run's folder under `runs_dir` (made, with its record), without half-saved checkpoints.
     `server_key`: online, what decides the server's states (they stand for the files)."""
     fingerprints = input_fingerprints(inputs, server_key)
@@ -83,7 +83,7 @@ def open_run(runs_dir: Path, inputs: TrainInputs, settings: TrainSettings, optio
         json.dumps({"settings": asdict(settings), "optimizer": options.optimizer, "world_size": world_size,
                     "inputs": {k: str(v) for k, v in asdict(inputs).items()},
                     "fingerprints": fingerprints}, indent=1) + "\n"
-    )  # fmt: skip
+    )
     discard_incomplete_epochs(run_dir)
     return Run(key, run_dir, fingerprints)
 

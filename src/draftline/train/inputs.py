@@ -117,7 +117,7 @@ def check_hidden_state_files(inputs: TrainInputs, rows: int, aux: list[int], hid
     validate_hidden_states(
         inputs.dataset, inputs.hidden_states, len(aux) + 1, hidden, dtype=torch_dtype, format=fmt,
         remove_bad_shards=True,
-    )  # fmt: skip
+    )
     return torch_dtype, fmt
 
 
@@ -139,4 +139,4 @@ def check_inputs(inputs: TrainInputs, online_dtype: str | None = None) -> InputF
     else:
         dtype, fmt = check_hidden_state_files(inputs, rows, aux, facts.hidden_size)
     return InputFacts(rows=rows, aux=aux, draft_vocab_size=facts.draft_vocab_size, hidden_states_dtype=dtype,
-                      hidden_states_format=fmt, algorithm=algorithm, config=facts)  # fmt: skip
+                      hidden_states_format=fmt, algorithm=algorithm, config=facts)

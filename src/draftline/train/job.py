@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
-          source: HiddenStateSource = HiddenStateSource()) -> Path:  # fmt: skip
+          source: HiddenStateSource = HiddenStateSource()) -> Path:
     """Train (or resume) and publish `job.final_dir`; return it."""
     if source.online:
         exit_on_sigterm()
@@ -35,7 +35,7 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
         run.key, facts.rows, facts.hidden_states_dtype, facts.hidden_states_format, options.optimizer,
         f"{where.world_size} GPU process(es)" if where.cuda else f"CPU with {where.trainer_threads} thread(s)",
         describe_start(run.dir, settings.epochs),
-    )  # fmt: skip
+    )
 
     def run_trainer(run_inputs: TrainInputs, endpoint: str | None = None) -> None:
         args = speculators_args(run_inputs, settings, facts, options, run.dir, vllm_endpoint=endpoint)
@@ -49,7 +49,7 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
         # offline: the files (their fingerprint is under inputs); online: the target (its
         # fingerprint under inputs) and the server that made them
         hidden_states = {"mode": "offline", "path": str(inputs.hidden_states),
-                         "fidelity": view_fidelity(inputs.hidden_states)}  # fmt: skip
+                         "fidelity": view_fidelity(inputs.hidden_states)}
     log.info("trainer finished in %.1f s", time.monotonic() - started)
     skipped = check_skipped_samples(run.metrics_path, source, run.dir)
     record = {

@@ -42,7 +42,7 @@ def server_key(server) -> dict | None:
 
 
 def train_online(inputs: TrainInputs, source: HiddenStateSource, server, where: Placement, run_dir: Path,
-                 run: Callable[[TrainInputs, str], None]) -> dict:  # fmt: skip
+                 run: Callable[[TrainInputs, str], None]) -> dict:
     """Start the server, check its states, and `run(inputs, endpoint)` the Trainer against it
     (reading its files from a scratch folder in `run_dir`); return the provenance record."""
     from draftline.backends.vllm_server import VllmServer
@@ -58,11 +58,11 @@ def train_online(inputs: TrainInputs, source: HiddenStateSource, server, where: 
     return {"mode": "online", "server": server.record(), "server_ready_s": ready_s,
             "server_log": str(source.server_log),
             "server_devices": where.server_devices, "trainer_devices": where.trainer_devices,
-            "fidelity": checked}  # fmt: skip
+            "fidelity": checked}
 
 
 def check_online_fidelity(inputs: TrainInputs, endpoint: str, source: HiddenStateSource, server,
-                          trust_remote_code: bool = False) -> dict | None:  # fmt: skip
+                          trust_remote_code: bool = False) -> dict | None:
     """Online mode, before the Trainer starts: ask the running server for `source.fidelity.rows`
     rows' states (spread over the dataset, as the Trainer would ask for them) and check them
     (`draftline.fidelity`); return the record for provenance. A failure stops the job (the
@@ -88,10 +88,10 @@ def check_online_fidelity(inputs: TrainInputs, endpoint: str, source: HiddenStat
     measured = fidelity.measure(
         head, [fidelity.Sample(r, states[r], ids[r], m) for r, m in zip(sample, picked["loss_mask"], strict=True)],
         server.extracted,
-    )  # fmt: skip
+    )
     where = f"the online hidden-state server for {inputs.target} (log {source.server_log})"
     log.info("fidelity of %s: rows %s: top-1 agreement %s on %d assistant positions (bar %s, %s), %s on all (%.1f s)",
              where, sample, measured["top1_assistant"], measured["assistant_tokens"], settings.min_top1,
-             settings.basis, measured["top1_all"], time.monotonic() - t0)  # fmt: skip
+             settings.basis, measured["top1_all"], time.monotonic() - t0)
     fidelity.check(measured, settings.min_top1, where, settings.basis)
     return fidelity.record(measured, settings)

@@ -70,7 +70,7 @@ def place(gpus: int, threads: int, source: HiddenStateSource) -> Placement:
     if cuda:
         server_devices, trainer_devices = split_devices(visible_gpus()[:gpus], source.server_gpus)
         log.info("online hidden states: server on GPU(s) %s, Trainer on GPU(s) %s",
-                 ",".join(server_devices), ",".join(trainer_devices))  # fmt: skip
+                 ",".join(server_devices), ",".join(trainer_devices))
         return Placement(True, len(trainer_devices), threads, 1, trainer_devices, server_devices)
     server_threads, trainer_threads = split_threads(threads)
     log.info("online hidden states on CPU: server %d thread(s), Trainer %d", server_threads, trainer_threads)

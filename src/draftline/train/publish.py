@@ -48,10 +48,10 @@ def check_skipped_samples(metrics_path: Path, source: HiddenStateSource, run_dir
                 if source.online else
                 f"Nothing is published: delete {run_dir} and rerun the hidden_states step."
             )
-        )  # fmt: skip
+        )
     if total:
         log.warning("speculators' Trainer skipped %d sample(s) (%s), %d allowed (%s)", total, where, allowed,
-                    SKIPPED_SETTING)  # fmt: skip
+                    SKIPPED_SETTING)
     else:
         log.info("no sample skipped")
     return {**skipped, "allowed": allowed}
@@ -93,7 +93,7 @@ def view_fidelity(view: Path | None) -> dict | None:
 
 
 def publish(run: Run, job: TrainJob, settings: TrainSettings, facts: InputFacts, target: str, record: dict,
-            started: float) -> Path:  # fmt: skip
+            started: float) -> Path:
     """Copy the chosen epoch of `run` to `job.final_dir` in one rename, with the run's records and
     draftline_provenance.json (`record`: how the run was made; `started`: when the Trainer did)."""
     losses = metrics.val_losses(run.metrics_path)
@@ -104,7 +104,7 @@ def publish(run: Run, job: TrainJob, settings: TrainSettings, facts: InputFacts,
     log.info(
         "chose epoch %d (%s); val loss per epoch (from 1) %s; %s",
         epoch + 1, reason, {e + 1: round(v, 6) for e, v in losses.items()}, throughput,
-    )  # fmt: skip
+    )
     local_target = Path(target).resolve()
     with atomic_dir(job.final_dir) as staging:
         for name in FINAL_FILES:

@@ -72,7 +72,7 @@ class HiddenStateSource:
 
     @classmethod
     def from_config(cls, config: dict, *, dtype: str, engine: EngineSettings,
-                    fidelity: fidelity.FidelitySettings) -> HiddenStateSource:  # fmt: skip
+                    fidelity: fidelity.FidelitySettings) -> HiddenStateSource:
         """The validated config's `hidden_states:` mode and online keys, with the plan's engine
         `dtype`, its vLLM settings and the resolved fidelity bar (offline: the mode alone; the
         files are checked as they are extracted)."""
@@ -81,7 +81,7 @@ class HiddenStateSource:
             return cls(mode=block["mode"])
         return cls(mode="online", server_gpus=block["online_server_gpus"], dtype=dtype, engine=engine,
                    ready_timeout_s=block["online_server_timeout_s"], max_seq_len=config["tokenize"]["max_seq_len"],
-                   max_skipped_samples=block["online_max_skipped_samples"], fidelity=fidelity)  # fmt: skip
+                   max_skipped_samples=block["online_max_skipped_samples"], fidelity=fidelity)
 
     def outputs(self) -> dict:
         """The fields that can change the draft, as plain values (the train rule's `hidden_states`
@@ -92,7 +92,7 @@ class HiddenStateSource:
             return {"mode": self.mode}
         engine = self.engine or EngineSettings(dtype=self.dtype)
         return {"mode": self.mode, "server_gpus": self.server_gpus, "max_seq_len": self.max_seq_len,
-                "dtype": self.dtype, "engine": output_settings(engine, without=("max_model_len",))}  # fmt: skip
+                "dtype": self.dtype, "engine": output_settings(engine, without=("max_model_len",))}
 
 
 @dataclass(frozen=True)
