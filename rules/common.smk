@@ -15,7 +15,6 @@ sys.path.insert(0, str(SRC))
 
 from draftline import planning  # noqa: E402
 from draftline.cluster import snakemake_executor  # noqa: E402
-from draftline.engine import output_settings  # noqa: E402
 from draftline.plan import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
@@ -30,21 +29,20 @@ _SET = workflow.resource_settings.overwrite_resources or {}
 _GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
 try:
     PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
-                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS))  # fmt: skip
+                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS))
 except planning.PlanningError as error:
     raise WorkflowError(str(error)) from None
-# What the rules read from the plan. TARGET_PATH is the folder jobs read, as a param that never
-# decides staleness (Snakemake skips a Path); the TARGET_IDENTITY param stands for its content.
+# What the rules read from the plan (PLAN itself for the stages' settings objects). TARGET_PATH is
+# the folder jobs read, a param that never decides staleness (Snakemake skips a Path); the
+# TARGET_IDENTITY param stands for its content. DEVICE_SETTING: the config's `device` as written,
+# for the jobs' environment check, not compared (`planned` holds the device it resolves to).
 TARGET, TARGET_IDENTITY, TARGET_DIR = PLAN.target, PLAN.target_identity, PLAN.target_dir
 TARGET_PATH, VERIFIER_NAME, DEVICE, RESOLVED = Path(TARGET_DIR), PLAN.verifier_name, PLAN.device, PLAN.resolved
+DEVICE_SETTING, ENGINE = PLAN.device_setting, PLAN.engine
 # A vLLM job asks for one GPU (and thread) per rank of the target's split; the train rule for the
 # Trainer's and the online server's; every GPU rule for one node (sbatch --nodes=1), as vLLM's ranks
 # and torchrun's processes start on the job's node only (docs/cluster.md).
-VLLM_RANKS, TRAIN_GPUS, ONE_NODE, PREFLIGHT_PLAN = PLAN.vllm_ranks, PLAN.default_train_gpus, 1, PLAN.preflight_plan
-ENGINE = PLAN.engine  # the one vLLM engine settings object of the plan (the `vllm:` block, target.*)
-# The config's `device` as written, for the jobs' environment check (check_job_environment): a param
-# object Snakemake does not compare (`planned` holds the device it resolves to, and decides).
-DEVICE_SETTING = PLAN.device_setting
+VLLM_RANKS, TRAIN_GPUS, ONE_NODE = PLAN.vllm_ranks, PLAN.default_train_gpus, 1
 
 
 onstart:
@@ -55,29 +53,6 @@ onstart:
 
 wildcard_constraints:
     shard=r"\d+",
-
-
-def vllm_parallel():
-    """A param of the rules that load the target in vLLM: the split changes the order of float
-    reductions (answers and hidden states can differ in the last bits), so a change reruns them."""
-    return dict(PLAN.vllm_parallel)
-
-
-def vllm_engine(without=()):
-    """The params every vLLM job gets. `engine`, the EngineSettings its script
-    hands on as it is (an object, which Snakemake skips: speed-only settings rerun nothing),
-    `engine_outputs`, its fields that can change outputs (plain values that decide staleness;
-    `without` those the stage does not use), and `planned`: device and dtype (a job elsewhere stops)."""
-    return dict(
-        engine=ENGINE,
-        engine_outputs=output_settings(ENGINE, without),
-        planned={k: v for k, v in RESOLVED["engine"].items() if k != "enforce_eager"},
-    )
-
-
-def extraction_parallel():
-    """vllm_parallel() for the vllm hidden-state backend; the transformers backend ignores it."""
-    return vllm_parallel() if config["hidden_states"]["backend"] == "vllm" else {}
 
 
 def code(*modules, script):
@@ -140,26 +115,6 @@ def evaluation_prompt_set_files():
     return source_files(list(config["evaluate"]["prompt_sets"].values()))
 
 
-def fidelity_settings():
-    """A param that decides no staleness (draftline.planning.fidelity_settings)."""
-    return PLAN.fidelity
-
-
-def disk_limit():
-    """A param that decides no staleness (draftline.disk.DiskLimit): a new hidden_states.max_disk_gb
-    re-extracts nothing; the plan holds an existing estimate to it."""
-    return PLAN.disk_limit
-
-
-def hidden_state_source():
-    """The train rule's params for where its hidden states come from (draftline.train.HiddenStateSource).
-    `source`, the object its script hands on, which Snakemake does not compare (the online server's
-    start-up wait, the samples the Trainer may skip, the fidelity bar and speed-only vLLM settings
-    change no published checkpoint), and `hidden_states`, its fields that can change the draft (plain
-    values that decide staleness)."""
-    return dict(source=PLAN.hidden_state_source, hidden_states=PLAN.hidden_state_source.outputs())
-
-
 def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=PLAN.shards)
 
@@ -169,11 +124,6 @@ def hidden_states_output(path):
     every job reading it has run; training lists the shards among its inputs (always: switching the
     option reruns nothing), so they outlive the view. A later rerun of training re-extracts them."""
     return temp(directory(path)) if config["hidden_states"]["release_after_training"] else directory(path)
-
-
-def shards_read_by_training():
-    """The shards as training inputs (for the release order; the view is what it reads)."""
-    return hidden_state_shards()
 
 
 ONLINE = config["hidden_states"]["mode"] == "online"  # no hidden-state files: no disk plot
@@ -188,4 +138,4 @@ def all_outputs():
     """The final draft (the main target), its evaluation, the report's plots, the lineage of all
     three, and the run's one-page summary (rules/summary.smk)."""
     return ["results/checkpoint/final", "results/eval/acceptance.json", *report_plots(), "results/lineage.json",
-            "results/summary.md"]  # fmt: skip
+            "results/summary.md"]

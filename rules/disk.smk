@@ -25,7 +25,7 @@ rule hidden_states_disk_estimate:
         dtype=RESOLVED["engine"]["dtype"],
         shards=config["hidden_states"]["shards"],
         format=config["hidden_states"]["format"],
-        # hidden_states.max_disk_gb and the lengths its error names (not compared: disk_limit())
-        limit=disk_limit(),
+        # hidden_states.max_disk_gb and the lengths its error names (not compared: PLAN.disk_limit)
+        limit=PLAN.disk_limit,
     script:
         "../scripts/disk_estimate.py"

@@ -46,9 +46,9 @@ rule evaluate:
         target_dir=TARGET_PATH,
         # the engine settings (one object; engine_outputs: those that can change outputs; device
         # and dtype as planned: a job elsewhere stops)
-        **vllm_engine(),
+        **PLAN.vllm_engine(),
         # how vLLM splits the target (a change reruns: float reductions change)
-        parallel=vllm_parallel(),
+        parallel=PLAN.vllm_parallel,
         versions=versions("vllm", "speculators", "torch", "transformers"),
         # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
         device_setting=DEVICE_SETTING,

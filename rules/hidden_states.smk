@@ -33,16 +33,16 @@ rule hidden_states_shard:
         target_dir=TARGET_PATH,
         # the engine settings (one object; engine_outputs: those that can change the states; device
         # and dtype as planned). The engine's context is the longest row's, not vllm.max_model_len.
-        **vllm_engine(without=("max_model_len",)),
+        **PLAN.vllm_engine(without=("max_model_len",)),
         # how vLLM splits the target (a change re-extracts: float reductions change)
-        parallel=extraction_parallel(),
+        parallel=PLAN.extraction_parallel(config["hidden_states"]["backend"]),
         versions=versions("vllm", "torch", "transformers"),
         # the config's `device` as written, for the environment check (not compared: DEVICE_SETTING)
         device_setting=DEVICE_SETTING,
         trust_remote_code=config["target"]["trust_remote_code"],
         chunk_rows=64,
         # checked before the shard is published (draftline.fidelity); not part of staleness
-        fidelity=fidelity_settings(),
+        fidelity=PLAN.fidelity,
     script:
         "../scripts/hidden_states.py"
 

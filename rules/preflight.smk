@@ -17,10 +17,10 @@ PREFLIGHT_TARGET = dict(
     target=TARGET_IDENTITY,
     target_dir=TARGET_PATH,
     # the run's engine settings (one object), device and dtype as planned
-    **vllm_engine(),
+    **PLAN.vllm_engine(),
     # all of them, speed-only ones too: the preflight checks that the engine starts and measures its rates
     vllm=config["vllm"],
-    parallel=vllm_parallel(),
+    parallel=PLAN.vllm_parallel,
     versions=versions("vllm", "torch", "transformers"),
     trust_remote_code=config["target"]["trust_remote_code"],
 )
@@ -105,11 +105,16 @@ rule preflight_hidden_states:
         nodes=ONE_NODE,
     params:
         code=code("preflight", script="preflight_hidden_states"),
-        **{**PREFLIGHT_TARGET, "parallel": extraction_parallel(), **vllm_engine(without=("max_model_len",))},
+        # the run's target and engine, with extraction's engine outputs and split (as the shards')
+        **{
+            **PREFLIGHT_TARGET,
+            **PLAN.vllm_engine(without=("max_model_len",)),
+            "parallel": PLAN.extraction_parallel(config["hidden_states"]["backend"]),
+        },
         backend=config["hidden_states"]["backend"],
         format=config["hidden_states"]["format"],
         # the run's fidelity bar (hidden_states.fidelity.min_top1, `auto` resolved as for the shards)
-        fidelity_min_top1=fidelity_settings().min_top1,
+        fidelity_min_top1=PLAN.fidelity.min_top1,
     script:
         "../scripts/preflight_hidden_states.py"
 
@@ -160,7 +165,7 @@ rule preflight_report:
         "../envs/gpu.yaml"
     params:
         # what the rates were measured under: the sizing uses them for this plan only
-        plan=PREFLIGHT_PLAN,
+        plan=PLAN.preflight_plan,
     script:
         "../scripts/preflight_report.py"
 

@@ -18,9 +18,9 @@ REGENERATE_ANSWERS = dict(
     # the vLLM settings that can change answers (engine_outputs: max_model_len, prompt + answer,
     # is tokenize.max_seq_len unless vllm.max_model_len, so no generated token is cut later), and
     # device and dtype as planned (a job elsewhere stops)
-    **{k: v for k, v in vllm_engine().items() if k != "engine"},
+    **{k: v for k, v in PLAN.vllm_engine().items() if k != "engine"},
     # how vLLM splits the target (a change reruns: float reductions change)
-    parallel=vllm_parallel(),
+    parallel=PLAN.vllm_parallel,
     versions=versions("vllm", "torch", "transformers"),
     chat_template=config["target"]["chat_template"],
     chat_template_kwargs=config["target"]["chat_template_kwargs"],

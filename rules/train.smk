@@ -14,7 +14,7 @@ rule train:
         dataset=rules.tokenize.output.dataset,
         # offline: the extracted files; online: none (the job's own vLLM server makes them)
         hidden_states=[] if ONLINE else rules.hidden_states_view.output[0],
-        shards=[] if ONLINE else shards_read_by_training(),  # hidden_states.release_after_training: kept until training is done
+        shards=[] if ONLINE else hidden_state_shards(),  # hidden_states.release_after_training: kept until training is done
         layer_ids=rules.layer_ids.output[0],
         target=target_input(),
     output:
@@ -50,6 +50,6 @@ rule train:
         # wait, the samples the Trainer may skip, the fidelity bar checked on rows the server makes before
         # the Trainer starts, the run's vLLM settings) and `hidden_states`, what decides the server's
         # states (hidden_state_source)
-        **hidden_state_source(),
+        **PLAN.hidden_state_params(),
     script:
         "../scripts/train.py"

@@ -33,7 +33,7 @@ from draftline.disk import (
     row_lengths,
     upper_bound_estimate,
 )
-from draftline.engine import EngineSettings, EngineSettingsError, engine_settings
+from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.sizing import planned_training_rows
@@ -97,6 +97,29 @@ class Plan:
     @property
     def target_dir(self) -> str:
         return str(self.target.dir)
+
+    def vllm_engine(self, without: tuple[str, ...] = ()) -> dict:
+        """The params every vLLM job gets: `engine`, the EngineSettings its script hands on as it is
+        (an object, which Snakemake skips: speed-only settings rerun nothing), `engine_outputs`, its
+        fields that can change outputs (plain values that decide staleness; `without` those the stage
+        does not use), and `planned`: device and dtype (a job elsewhere stops)."""
+        return dict(
+            engine=self.engine,
+            engine_outputs=output_settings(self.engine, without),
+            planned={k: v for k, v in self.resolved["engine"].items() if k != "enforce_eager"},
+        )
+
+    def extraction_parallel(self, backend: str) -> dict:
+        """The target's split as the hidden-state job's param: the vllm backend's float sums follow it
+        (a change reruns extraction); the transformers backend ignores it."""
+        return dict(self.vllm_parallel) if backend == "vllm" else {}
+
+    def hidden_state_params(self) -> dict:
+        """The train rule's params for where its hidden states come from: `source`, the
+        HiddenStateSource its script hands on, which Snakemake does not compare (the online server's
+        start-up wait, the samples the Trainer may skip, the fidelity bar and speed-only vLLM settings
+        change no published checkpoint), and `hidden_states`, its fields that can change the draft."""
+        return dict(source=self.hidden_state_source, hidden_states=self.hidden_state_source.outputs())
 
 
 def say(line: str) -> None:
