@@ -45,7 +45,7 @@ ENV_KEYS = ("PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
 
 def _target(model: str, tmp: Path) -> Path:
     if model == "embedded":  # as the target_model rule materializes it
-        from draftline.target_model import materialize_embedded
+        from draftline.stages.target_model import materialize_embedded
 
         return materialize_embedded(tmp / "smollm2")
     if model == "tiny":
@@ -128,7 +128,7 @@ def main() -> None:
         shutdown,
         target_llm,
     )
-    from draftline.layers import resolve_layer_ids
+    from draftline.stages.layer_ids import resolve_layer_ids
 
     configure_vllm_cpu(args.threads)
     ncpu = len(os.sched_getaffinity(0))

@@ -2,7 +2,7 @@
 
 The records of two whole runs (fp8_hidden_states, online_hidden_states) compare stages that ran
 hours apart under different loads. This benchmark runs the pipeline's own stage functions
-(`draftline.hidden_states.extract_shard`, `draftline.train.train`, each in a fresh process as a
+(`draftline.stages.hidden_states.extract_shard`, `draftline.stages.train.train`, each in a fresh process as a
 job would) on the first ROWS rows of a finished run's tokenized data, in pairs: each repeat runs
 both sides back to back, the order alternating between repeats, so a pair shares the machine's
 state; the ratio of each pair is reported, with the median and the range over the repeats.
@@ -44,7 +44,7 @@ from record_run import header, header_line, this_command, write_record  # noqa: 
 EXTRACT = r'''
 import json, sys
 from draftline.engine import EngineSettings
-from draftline.hidden_states import extract_shard
+from draftline.stages.hidden_states import extract_shard
 spec = json.loads(sys.argv[1])
 manifest = extract_shard(spec["dataset"], spec["target"], spec["layer_ids"], 0, 1, spec["out"],
                          EngineSettings(dtype="float32", threads=1), staging_root=spec["staging"],
@@ -55,7 +55,7 @@ print("RESULT " + json.dumps(manifest))
 TRAIN = r'''
 import json, sys
 from pathlib import Path
-from draftline.train import HiddenStateSource, TrainInputs, TrainJob, TrainSettings, train
+from draftline.stages.train import HiddenStateSource, TrainInputs, TrainJob, TrainSettings, train
 spec = json.loads(sys.argv[1])
 source = (HiddenStateSource(mode="online", max_seq_len=spec["max_seq_len"], dtype="float32",
                             server_log=spec["server_log"]) if spec["mode"] == "online" else HiddenStateSource())
@@ -98,7 +98,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "src"))
     from datasets import load_from_disk
 
-    from draftline.hidden_states import build_training_view
+    from draftline.stages.hidden_states import build_training_view
 
     run = args.run.resolve()
     config = json.loads((run / "results/config/config.json").read_text())

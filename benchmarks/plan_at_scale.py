@@ -63,7 +63,7 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
 if step == "prompts":
-    from draftline.prompts import build_prompts
+    from draftline.stages.prompts import build_prompts
     out = root / "prompts-out"
     summary = build_prompts([str(root / "plan" / "prompts.jsonl")], prompts_path=out / "prompts.jsonl",
                             validation_path=out / "validation.jsonl", test_path=out / "test.jsonl",
@@ -71,12 +71,12 @@ if step == "prompts":
                             validation=50, test=50)
     note = {"train": summary["train"]}
 elif step == "merge":
-    from draftline.regenerate import merge_shards
+    from draftline.stages.regenerate import merge_shards
     merge_shards([root / "regen" / f"shard_{k}" for k in range(int(sys.argv[4]))], root / "regen" / "settings.json",
                  root / "regen" / "conversations.jsonl", root / "regen" / "summary.json")
     note = {}
 elif step.startswith("tokenize") and step != "tokenize_imports":
-    from draftline.tokenization import TokenizeSettings, tokenize
+    from draftline.stages.tokenize import TokenizeSettings, tokenize
     out = root / step
     size = step.split(":")[1] if ":" in step else ""
     source = root / (f"tokenize_input_{size}.jsonl" if size else "tokenize_input.jsonl")
@@ -87,8 +87,8 @@ elif step == "tokenize_imports":
     from speculators.data_generation.preprocessing import build_speculator_training_dataset
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from datasets import Dataset
-    import draftline.tokenization
-    from draftline.tokenization import load_tokenizer
+    import draftline.stages.tokenize
+    from draftline.stages.tokenize import load_tokenizer
     load_tokenizer(model)
     note = {}
 wall = time.perf_counter() - t0

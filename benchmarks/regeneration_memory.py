@@ -6,7 +6,7 @@ Each step runs in a fresh Python process and reports its own peak RSS (VmHWM):
   already staged (a resumed or re-sharded job: check the staged chunks against the prompts,
   publish the shard), so no engine starts;
 - `merge`: `merge_shards` over `--shards` shard folders (rule regenerate_merge);
-- `baseline`: the same interpreter importing draftline.regenerate and doing nothing.
+- `baseline`: the same interpreter importing draftline.stages.regenerate and doing nothing.
 
     PYTHONPATH=src .venv/bin/python benchmarks/regeneration_memory.py --conversations 100000 --shards 256
 
@@ -31,7 +31,7 @@ STEP = r'''
 import json, sys, time
 from pathlib import Path
 step, root, shards = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-from draftline.regenerate import RegenerateSettings, merge_shards, regenerate_shard, write_answer_settings
+from draftline.stages.regenerate import RegenerateSettings, merge_shards, regenerate_shard, write_answer_settings
 t0 = time.perf_counter()
 if step == "settings":
     write_answer_settings(root / "prompts.jsonl", root / "settings-again.json", {"max_new_tokens": 256})
@@ -53,7 +53,7 @@ def synthetic(root: Path, n: int, shards: int, seed: int = 0) -> dict:
     1-3 user turns of ~200 characters, answers of ~1,000 characters (about 256 tokens)."""
     from draftline.artifacts import conversations as conversation_file
     from draftline.artifacts.hidden_states import shard_rows
-    from draftline.regenerate import COUNTERS, SHARD_CONVERSATIONS, SHARD_SUMMARY, Answered, Staging, write_answer_settings
+    from draftline.stages.regenerate import COUNTERS, SHARD_CONVERSATIONS, SHARD_SUMMARY, Answered, Staging, write_answer_settings
 
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(5000)]

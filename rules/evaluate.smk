@@ -35,7 +35,7 @@ rule evaluate:
         gpu=VLLM_RANKS,
         nodes=ONE_NODE,
     params:
-        code=code("evaluate", script="evaluate"),
+        code=code("stages.evaluate", script="evaluate"),
         num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         max_prompts=config["evaluate"]["max_prompts"],

@@ -25,7 +25,7 @@ rule hidden_states_shard:
         gpu=VLLM_RANKS,
         nodes=ONE_NODE,
     params:
-        code=code("hidden_states", script="hidden_states"),
+        code=code("stages.hidden_states", script="hidden_states"),
         backend=config["hidden_states"]["backend"],
         format=config["hidden_states"]["format"],  # full or fp8 (speculators' FP8 layout)
         num_shards=config["hidden_states"]["shards"],
@@ -60,6 +60,6 @@ rule hidden_states_view:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("hidden_states", script="hidden_states_view"),
+        code=code("stages.hidden_states", script="hidden_states_view"),
     script:
         "../scripts/hidden_states_view.py"

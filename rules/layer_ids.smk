@@ -13,7 +13,7 @@ rule layer_ids:
     conda:
         "../envs/gpu.yaml"
     params:
-        code=code("layers", script="layer_ids"),
+        code=code("stages.layer_ids", script="layer_ids"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         versions=versions("transformers"),

@@ -19,7 +19,7 @@ rule prompts:
     conda:
         "../envs/gpu.yaml"
     params:
-        code=code("prompts", script="prompts"),
+        code=code("stages.prompts", script="prompts"),
         # As configured (paths relative to the workflow folder); each row's "source" is this string.
         sources=config["prompts"]["sources"],
         validation=config["prompts"]["validation"],

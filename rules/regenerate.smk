@@ -9,7 +9,7 @@
 # What decides the answers: the params of regenerate_settings, which hashes them with the
 # prompts file into the answer key. regenerate.shards and chunk_conversations are not among them.
 REGENERATE_ANSWERS = dict(
-    code=code("regenerate", script="regenerate"),
+    code=code("stages.regenerate", script="regenerate"),
     max_new_tokens=config["regenerate"]["max_new_tokens"],
     temperature=config["regenerate"]["temperature"],
     top_p=config["regenerate"]["top_p"],
@@ -47,7 +47,7 @@ rule regenerate_settings:
     params:
         **REGENERATE_ANSWERS,
         # the merge's code: a fix there reruns what follows, the staged answers stay valid
-        merge_code=code("regenerate", script="regenerate_merge"),
+        merge_code=code("stages.regenerate", script="regenerate_merge"),
     script:
         "../scripts/regenerate_settings.py"
 
@@ -103,6 +103,6 @@ checkpoint regenerate_merge:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("regenerate", script="regenerate_merge"),
+        code=code("stages.regenerate", script="regenerate_merge"),
     script:
         "../scripts/regenerate_merge.py"

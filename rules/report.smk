@@ -18,7 +18,7 @@ rule report_loss:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("report", script="report_plot"),
+        code=code("stages.report", script="report_plot"),
         plot="loss",
     script:
         "../scripts/report_plot.py"
@@ -37,7 +37,7 @@ rule report_acceptance:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("report", script="report_plot"),
+        code=code("stages.report", script="report_plot"),
         plot="acceptance",
     script:
         "../scripts/report_plot.py"
@@ -57,7 +57,7 @@ rule report_vocab_coverage:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("report", script="report_plot"),
+        code=code("stages.report", script="report_plot"),
         plot="vocab_coverage",
     script:
         "../scripts/report_plot.py"
@@ -76,7 +76,7 @@ rule report_hidden_states_disk:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("report", script="report_plot"),
+        code=code("stages.report", script="report_plot"),
         plot="hidden_states_disk",
     script:
         "../scripts/report_plot.py"
@@ -97,7 +97,7 @@ rule report_wall_times:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("report", script="report_plot"),
+        code=code("stages.report", script="report_plot"),
         plot="wall_times",
         # read when the job runs (report plots' own benchmarks left out)
         benchmarks="results/benchmarks",

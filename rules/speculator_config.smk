@@ -16,7 +16,7 @@ rule speculator_config:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("speculator_config", script="speculator_config"),
+        code=code("stages.speculator_config", script="speculator_config"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         versions=versions("speculators", "transformers"),

@@ -1,6 +1,6 @@
 # results/summary.md and .json: one page per run (target, data counts, truncation, disk used, stage
 # wall times, the published epoch, acceptance trained vs untrained, warnings), read from what the
-# stages wrote (draftline.summary). Cheap: runs on the submitting machine.
+# stages wrote (draftline.stages.summary). Cheap: runs on the submitting machine.
 
 
 localrules:
@@ -24,11 +24,11 @@ rule summary:
     conda:
         "../envs/gpu.yaml"
     params:
-        code=code("summary", script="summary"),
+        code=code("stages.summary", script="summary"),
         target=PLAN.summary.target,
         device=PLAN.summary.device,
         benchmarks=PLAN.summary.benchmarks,
-        # the page's settings with the run's name (draftline.summary.SummarySettings): an object Snakemake
+        # the page's settings with the run's name (draftline.stages.summary.SummarySettings): an object Snakemake
         # does not compare, so naming, moving or renaming a run reruns nothing
         settings=PLAN.summary,
     script:

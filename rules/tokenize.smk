@@ -23,7 +23,7 @@ rule tokenize:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("tokenization", script="tokenize"),
+        code=code("stages.tokenize", script="tokenize"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         versions=versions("transformers", "speculators"),

@@ -17,7 +17,7 @@ rule vocab:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("vocab", script="vocab"),
+        code=code("stages.vocab", script="vocab"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         versions=versions("speculators", "torch"),

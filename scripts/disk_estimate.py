@@ -1,8 +1,8 @@
 """Estimate the hidden states' disk use before extraction; stop at hidden_states.max_disk_gb."""
 
-from draftline.disk import write_estimate
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
+from draftline.stages.disk_estimate import write_estimate
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,10 +1,10 @@
-"""Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.evaluate)."""
+"""Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.stages.evaluate)."""
 
 from draftline.devices import claim_gpus
-from draftline.evaluate import EvaluateSettings, evaluate, make_untrained_draft
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
+from draftline.stages.evaluate import EvaluateSettings, evaluate, make_untrained_draft
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])

@@ -1,12 +1,12 @@
-"""Extract one shard of target hidden states with the configured backend (see draftline.hidden_states)."""
+"""Extract one shard of target hidden states with the configured backend (see draftline.stages.hidden_states)."""
 
 from dataclasses import replace
 
 from draftline.devices import claim_gpus
-from draftline.hidden_states import extract_shard
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
+from draftline.stages.hidden_states import extract_shard
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,8 +1,8 @@
 """One symlink per dataset row into the shard that holds it: the folder the Trainer reads."""
 
-from draftline.hidden_states import build_training_view
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
+from draftline.stages.hidden_states import build_training_view
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

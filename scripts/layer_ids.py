@@ -3,9 +3,9 @@
 import logging
 
 from draftline.artifacts import layer_ids
-from draftline.layers import resolve_layer_ids
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
+from draftline.stages.layer_ids import resolve_layer_ids
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

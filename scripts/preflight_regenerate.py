@@ -2,11 +2,11 @@
 by the stages' own code (see draftline.preflight)."""
 
 from draftline.devices import claim_gpus
-from draftline.evaluate import EvaluateSettings
 from draftline.logs import log_to
 from draftline.preflight import PreflightSettings, run_regenerate
-from draftline.regenerate import RegenerateSettings
-from draftline.tokenization import TokenizeSettings
+from draftline.stages.evaluate import EvaluateSettings
+from draftline.stages.regenerate import RegenerateSettings
+from draftline.stages.tokenize import TokenizeSettings
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])

@@ -2,9 +2,9 @@
 decoding, lossless against the target's greedy outputs (see draftline.preflight)."""
 
 from draftline.devices import claim_gpus
-from draftline.evaluate import EvaluateSettings
 from draftline.logs import log_to
 from draftline.preflight import run_speculative
+from draftline.stages.evaluate import EvaluateSettings
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])

@@ -1,8 +1,8 @@
-"""Read, validate, de-duplicate and split the prompt sources (see draftline.prompts)."""
+"""Read, validate, de-duplicate and split the prompt sources (see draftline.stages.prompts)."""
 
 from draftline.logs import log_to
-from draftline.prompts import build_prompts
 from draftline.provenance import write_provenance
+from draftline.stages.prompts import build_prompts
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,10 +1,10 @@
-"""Answer one shard of the prompts with the target, resuming from staged chunks (see draftline.regenerate)."""
+"""Answer one shard of the prompts with the target, resuming from staged chunks (see draftline.stages.regenerate)."""
 
 from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.regenerate import RegenerateSettings, regenerate_shard
+from draftline.stages.regenerate import RegenerateSettings, regenerate_shard
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])

@@ -1,8 +1,8 @@
-"""Merge the regeneration shards in the prompts file's order (see draftline.regenerate)."""
+"""Merge the regeneration shards in the prompts file's order (see draftline.stages.regenerate)."""
 
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.regenerate import merge_shards
+from draftline.stages.regenerate import merge_shards
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

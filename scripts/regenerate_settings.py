@@ -1,8 +1,8 @@
-"""Write results/regenerated/settings.json: what decides the answers and its hash (see draftline.regenerate)."""
+"""Write results/regenerated/settings.json: what decides the answers and its hash (see draftline.stages.regenerate)."""
 
 from draftline.logs import log_to
 from draftline.provenance import sidecar, write_provenance
-from draftline.regenerate import write_answer_settings
+from draftline.stages.regenerate import write_answer_settings
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,8 +1,8 @@
-"""One plot for `snakemake --report` (params.plot names it; see draftline.report)."""
+"""One plot for `snakemake --report` (params.plot names it; see draftline.stages.report)."""
 
-from draftline import report
 from draftline.logs import log_to
 from draftline.provenance import sidecar, write_provenance
+from draftline.stages import report
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -19,5 +19,5 @@ if __name__ == "__main__":
     elif plot == "wall_times":
         report.plot_wall_times(snakemake.params.benchmarks, out)
     else:
-        raise ValueError(f"params.plot = {plot!r}: no such plot in draftline.report")
+        raise ValueError(f"params.plot = {plot!r}: no such plot in draftline.stages.report")
     write_provenance(snakemake, sidecar(out))  # results/report/<plot>.provenance.json

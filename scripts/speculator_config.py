@@ -1,9 +1,9 @@
-"""Write the speculator config.json the Trainer starts from (see draftline.speculator_config)."""
+"""Write the speculator config.json the Trainer starts from (see draftline.stages.speculator_config)."""
 
 from draftline.algorithms import DraftSettings
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.speculator_config import write_speculator_config
+from draftline.stages.speculator_config import write_speculator_config
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,10 +1,10 @@
-"""Write results/summary.md and results/summary.json (see draftline.summary)."""
+"""Write results/summary.md and results/summary.json (see draftline.stages.summary)."""
 
 from dataclasses import asdict
 from pathlib import Path
 
 from draftline.logs import log_to
-from draftline.summary import build_summary, write_summary
+from draftline.stages.summary import build_summary, write_summary
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

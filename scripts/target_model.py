@@ -5,7 +5,7 @@ from pathlib import Path
 
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.target_model import build_target, resolve_target
+from draftline.stages.target_model import build_target, resolve_target
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,8 +1,8 @@
-"""Conversations -> speculators' arrow dataset with assistant-only loss masks (see draftline.tokenization)."""
+"""Conversations -> speculators' arrow dataset with assistant-only loss masks (see draftline.stages.tokenize)."""
 
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.tokenization import TokenizeSettings, tokenize
+from draftline.stages.tokenize import TokenizeSettings, tokenize
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

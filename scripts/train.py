@@ -1,4 +1,4 @@
-"""Train the draft with speculators' Trainer (resuming a cut-short run) and publish final/ (see draftline.train)."""
+"""Train the draft with speculators' Trainer (resuming a cut-short run) and publish final/ (see draftline.stages.train)."""
 
 from dataclasses import replace
 
@@ -6,7 +6,7 @@ from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.train import TrainInputs, TrainJob, TrainSettings, check_world_size, train
+from draftline.stages.train import TrainInputs, TrainJob, TrainSettings, check_world_size, train
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -15,7 +15,7 @@ if __name__ == "__main__":
         snakemake.params.planned, snakemake.params.versions, snakemake.params.device_setting.value
     )
     # hidden_states.mode and, online, the server's settings, its fidelity bar and the run's vLLM
-    # settings (draftline.train.HiddenStateSource, built by the plan), with the job's server log
+    # settings (draftline.stages.train.HiddenStateSource, built by the plan), with the job's server log
     source = replace(snakemake.params.source, server_log=snakemake.log.server)
     online = source.online
     train(

@@ -1,8 +1,8 @@
-"""Build the draft vocabulary maps d2t/t2d from assistant-token frequencies (see draftline.vocab)."""
+"""Build the draft vocabulary maps d2t/t2d from assistant-token frequencies (see draftline.stages.vocab)."""
 
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.vocab import write_vocab
+from draftline.stages.vocab import write_vocab
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -108,7 +108,7 @@ def tiny_model_generation_tags(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def embedded_target(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (the embedded default) as a float32 Hugging Face folder, once per session."""
-    from draftline.target_model import materialize_embedded
+    from draftline.stages.target_model import materialize_embedded
 
     return shared_folder(tmp_path_factory, "embedded-target", lambda folder: materialize_embedded(folder))
 

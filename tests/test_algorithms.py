@@ -19,8 +19,8 @@ def test_dflash_config_is_what_speculators_builds_for_a_fresh_draft(tiny_model, 
 
     from draftline.algorithms import DraftSettings
     from draftline.artifacts import layer_ids
-    from draftline.layers import resolve_layer_ids
-    from draftline.speculator_config import write_speculator_config
+    from draftline.stages.layer_ids import resolve_layer_ids
+    from draftline.stages.speculator_config import write_speculator_config
 
     layer_ids.write(tmp_path / "layer_ids.json", resolve_layer_ids("auto", str(tiny_model)))
     out = write_speculator_config(tmp_path / "config", tiny_model, tmp_path / "layer_ids.json", 64,

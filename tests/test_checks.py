@@ -1,5 +1,5 @@
 """Config checks against the target's shape, the disk estimate, and hidden-state checks before
-training (draftline.checks, draftline.disk); fast, no engines."""
+training (draftline.checks, draftline.stages.disk_estimate); fast, no engines."""
 
 import json
 import re
@@ -10,7 +10,6 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.hidden_states import validate_hidden_states
 from draftline.artifacts.layer_ids import LayerIds
@@ -22,8 +21,9 @@ from draftline.checks import (
     shape_from_config,
     target_shape,
 )
-from draftline.disk import DiskLimitError, bytes_per_token, check_limit, estimate, write_estimate
 from draftline.engine import EngineSettings
+from draftline.stages import hidden_states as hs
+from draftline.stages.disk_estimate import DiskLimitError, bytes_per_token, check_limit, estimate, write_estimate
 
 REPO_CONFIG = "config/config.yaml"
 

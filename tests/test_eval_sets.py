@@ -26,7 +26,7 @@ def test_the_default_config_measures_code_math_and_chat():
 
 
 def test_named_sets_are_read_by_the_evaluate_stage_and_hold_no_training_prompt():
-    from draftline.evaluate import read_prompts
+    from draftline.stages.evaluate import read_prompts
 
     training = {_norm(turn) for turn in _user_turns(REPO / "resources" / "prompts" / "default.jsonl")}
     for name in ("code", "math", "chat"):

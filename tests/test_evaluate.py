@@ -14,7 +14,7 @@ import pytest
 import yaml
 from workflow import REPO, planned_jobs, snakemake, write_config
 
-from draftline.evaluate import (
+from draftline.stages.evaluate import (
     ACCEPTED,
     ACCEPTED_PER_POS,
     DRAFT_TOKENS,
@@ -29,7 +29,7 @@ from draftline.evaluate import (
     counter_delta,
     read_counters,
 )
-from draftline.train import name_verifier
+from draftline.stages.train import name_verifier
 
 K = 3
 DRAFT_VOCAB = 64
@@ -95,7 +95,7 @@ def test_inconsistent_counters_stop_the_evaluation(bad, message):
 
 def test_loss_per_epoch_and_benchmarks(tmp_path):
     from draftline.artifacts.metrics import loss_per_epoch
-    from draftline.report import read_benchmarks
+    from draftline.stages.report import read_benchmarks
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(r) for r in [
@@ -152,8 +152,8 @@ def evaluation(tiny_model, tmp_path_factory):
     """
     import vllm
 
-    import draftline.evaluate as ev
-    from draftline.speculator_config import write_speculator_config
+    import draftline.stages.evaluate as ev
+    from draftline.stages.speculator_config import write_speculator_config
 
     tmp = tmp_path_factory.mktemp("evaluate")
     (tmp / "layer_ids.json").write_text(json.dumps({"aux": [2, 4, 5], "extracted": [2, 4, 5, 8], "num_hidden_layers": 8}))
@@ -302,7 +302,7 @@ def test_spread_bootstrap_is_seeded_and_brackets_the_pooled_ratio():
 
 
 def ev_spread(rows, seed=0):
-    from draftline.evaluate import spread
+    from draftline.stages.evaluate import spread
 
     return spread(rows, seed=seed)
 
@@ -360,7 +360,7 @@ def test_paired_bootstrap_of_a_constant_shift_is_that_shift():
     paired interval is exactly +0.25, however different the prompts are, while the two drafts'
     separate intervals overlap."""
     from draftline.artifacts.acceptance import paired_difference
-    from draftline.evaluate import spread
+    from draftline.stages.evaluate import spread
 
     spec = [("p0", 8, [0, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
             ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0])]
@@ -382,7 +382,7 @@ def test_one_drafts_intervals_match_the_sets_spread_and_bracket_each_position():
     """The quality gate's band: one draft's intervals over its prompts, the mean's equal to the
     evaluation's own `spread` (the same resamples), each position's around its pooled figure."""
     from draftline.artifacts.acceptance import intervals
-    from draftline.evaluate import spread
+    from draftline.stages.evaluate import spread
 
     spec = [("p0", 8, [1, 0, 0]), ("p1", 40, [28, 20, 12]), ("p2", 4, [0, 0, 0]), ("p3", 12, [8, 4, 0]),
             ("p4", 20, [2, 0, 0]), ("p5", 16, [4, 4, 0]), ("p6", 0, [0, 0, 0])]
@@ -485,7 +485,7 @@ def test_baseline_is_measured_in_the_same_run(evaluation):
 def test_tensor_parallel_evaluation_counts_the_same(evaluation, tiny_model):
     """target.tensor_parallel_size 2 (target and draft split over two vLLM CPU workers): the
     target alone and with the oracle draft, on the test set (two engines)."""
-    from draftline.evaluate import evaluate
+    from draftline.stages.evaluate import evaluate
 
     tmp = evaluation["tmp"]
     summary = evaluate(

@@ -20,9 +20,9 @@ import yaml
 from safetensors.torch import save_file
 from workflow import REPO, planned_jobs, snakemake, write_config
 
-from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.hidden_states import validate_hidden_states
+from draftline.stages import hidden_states as hs
 
 CONVERSATIONS = [
     [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
@@ -256,7 +256,7 @@ def test_config_loaders_never_run_model_code_by_default(tiny_model, tmp_path):
     """A folder whose config points at its own Python: every loader the stages use refuses it."""
     from draftline.artifacts.target import dims as target_dims
     from draftline.artifacts.target import vocab_size as target_vocab_size
-    from draftline.layers import resolve_layer_ids
+    from draftline.stages.layer_ids import resolve_layer_ids
 
     folder = tmp_path / "remote"
     shutil.copytree(tiny_model, folder)

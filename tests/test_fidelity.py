@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from draftline import backends
-from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.fidelity import (
@@ -32,6 +31,7 @@ from draftline.fidelity import (
     resolve_min_top1,
     sample_rows,
 )
+from draftline.stages import hidden_states as hs
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "Explain gravity briefly.",
              "List three fruits.", "How do I boil an egg?", "Name a color."]
@@ -313,7 +313,7 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
 
     from draftline.backends.vllm_server import ServerSettings, VllmServer
     from draftline.engine import EngineSettings
-    from draftline.train import HiddenStateSource, TrainInputs, check_online_fidelity
+    from draftline.stages.train import HiddenStateSource, TrainInputs, check_online_fidelity
 
     rng = random.Random(0)
     noise = [[rng.randrange(1, 500) for _ in range(len(ids))] for ids, _ in tiny.rows]

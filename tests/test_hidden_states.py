@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.engine import EngineSettings
-from draftline.layers import resolve_layer_ids
+from draftline.stages import hidden_states as hs
+from draftline.stages.layer_ids import resolve_layer_ids
 
 NUM_ROWS = 6
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftline import hidden_states as hs
 from draftline.artifacts import hidden_states as hsf
 from draftline.backends.transformers import batches
 from draftline.engine import EngineSettings
-from draftline.layers import resolve_layer_ids
+from draftline.stages import hidden_states as hs
+from draftline.stages.layer_ids import resolve_layer_ids
 
 
 def _layer_ids(target):

@@ -38,7 +38,7 @@ from draftline.backends.vllm_server import (
 )
 from draftline.engine import EngineSettings, engine_settings
 from draftline.plan import resolved_settings
-from draftline.train import check_world_size, split_devices, split_threads
+from draftline.stages.train import check_world_size, split_devices, split_threads
 
 SERVER_PIDS = re.compile(r"server pid (\d+) \(process group of its own\)")
 
@@ -342,7 +342,7 @@ def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_p
     import hs_connectors.transfer as transfer
     import speculators.train.dataloader as dataloader
 
-    from draftline import train_entry
+    from draftline.stages import train_entry
 
     monkeypatch.setattr(transfer, "wait_for_lock", transfer.wait_for_lock)
     monkeypatch.setattr(dataloader, "_worker_init_fn", dataloader._worker_init_fn)
@@ -421,9 +421,9 @@ def online_inputs(tiny_model, tmp_path):
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from test_train import AUX, DRAFT_VOCAB, build_dataset
 
-    from draftline.speculator_config import write_speculator_config
-    from draftline.train import TrainInputs
-    from draftline.vocab import write_vocab
+    from draftline.stages.speculator_config import write_speculator_config
+    from draftline.stages.train import TrainInputs
+    from draftline.stages.vocab import write_vocab
 
     root = tmp_path / "inputs"
     dataset = build_dataset(tiny_model, root / "tokenized" / "dataset")
@@ -449,8 +449,8 @@ def test_samples_the_server_fails_are_counted_and_fail_the_run_unless_allowed(on
     import sys
 
     from draftline.fidelity import FidelitySettings
-    from draftline.summary import build_summary, to_markdown
-    from draftline.train import HiddenStateSource, TrainJob, TrainSettings, train
+    from draftline.stages.summary import build_summary, to_markdown
+    from draftline.stages.train import HiddenStateSource, TrainJob, TrainSettings, train
 
     inputs, dataset = online_inputs
     # 16 rows, train_fraction 0.75: rows 0-11 train, 12-15 validate
@@ -512,7 +512,7 @@ def test_a_row_the_server_fails_in_the_fidelity_check_names_the_row_and_the_log(
 
     from draftline.backends.vllm_server import ServerError
     from draftline.fidelity import FidelitySettings
-    from draftline.train import HiddenStateSource, TrainJob, TrainSettings, train
+    from draftline.stages.train import HiddenStateSource, TrainJob, TrainSettings, train
 
     inputs, dataset = online_inputs
     fail_file, requests = tmp_path / "fail.json", tmp_path / "requests.jsonl"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline.prompts import build_prompts, collect_prompts
 from draftline.sources import PromptError, check_sources, source_files
+from draftline.stages.prompts import build_prompts, collect_prompts
 
 DATA = Path(__file__).parent / "data" / "prompts"
 MESSAGES, SHAREGPT, PROMPT, ROWS_JSON = (

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from draftline.engine import shutdown, target_llm
-from draftline.regenerate import (
+from draftline.stages.regenerate import (
     RegenerateSettings,
     merge_shards,
     parse_conversation,
@@ -209,7 +209,7 @@ def sharded_run(llm, tiny_model, folder, num_shards, settings):
 def test_shards_merge_to_the_unsharded_file_byte_for_byte_with_readable_progress(llm, tiny_model, tmp_path, caplog):
     prompts, _ = write_prompts(tmp_path / "one")
     unsharded = regenerate(tiny_model, prompts, tmp_path / "one.jsonl", tmp_path / "one.json", SETTINGS, llm=llm)
-    with caplog.at_level(logging.INFO, logger="draftline.regenerate"):
+    with caplog.at_level(logging.INFO, logger="draftline.stages.regenerate"):
         # 3 shards of 4 conversations, 3 at a time: chunks and shards cut across one another
         shards = sharded_run(llm, tiny_model, tmp_path / "three", 3, replace(SETTINGS, chunk_conversations=3))
     merged = tmp_path / "three" / "conversations.jsonl"
@@ -290,7 +290,7 @@ def test_bad_row_names_file_line_and_id():
 def test_chat_template_kwargs_reach_vllm_chat_in_regeneration_and_evaluation(llm, tiny_model, tmp_path):
     """target.chat_template_kwargs go to vLLM's LLM.chat as the template's variables: the prompts
     vLLM rendered (its own prompt token ids) open the answer with a Qwen3-style empty think block."""
-    from draftline.evaluate import EvaluateSettings, Prompt, timed_generate
+    from draftline.stages.evaluate import EvaluateSettings, Prompt, timed_generate
     from draftline.testing.tiny_model import CHATML_THINKING_TEMPLATE, NO_THINK
 
     template = tmp_path / "thinking.jinja"
@@ -323,7 +323,7 @@ def test_embedded_target_trained_tokens_are_exactly_what_it_generated(embedded_t
     target's own answer tokens, stop token included for complete answers, nothing else."""
     from datasets import load_from_disk
 
-    from draftline.tokenization import TokenizeSettings, tokenize
+    from draftline.stages.tokenize import TokenizeSettings, tokenize
 
     folder, target = tmp_path_factory.mktemp("embedded"), embedded_target
     prompts = folder / "prompts.jsonl"
@@ -355,7 +355,7 @@ def test_the_answers_digest_is_the_merged_files_sha256_in_sha256sums_format(tmp_
     from its folder, and only the conversations' content changes it."""
     import subprocess
 
-    from draftline.regenerate import write_answers_digest
+    from draftline.stages.regenerate import write_answers_digest
 
     merged, digest = tmp_path / "conversations.jsonl", tmp_path / "conversations.sha256"
     merged.write_text('{"id": "a", "messages": []}\n')

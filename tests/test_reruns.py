@@ -235,7 +235,7 @@ def code_run(tmp_path_factory, tiny_model):
     repo = copy_workflow(root / "workflow")
     pkg = repo / "src" / "draftline"
     (pkg / "text_helpers.py").write_text('def strip_text(text):\n    return text.strip()\n')
-    module = pkg / "tokenization.py"
+    module = pkg / "stages" / "tokenize.py"
     module.write_text(module.read_text() + "\nfrom draftline.text_helpers import strip_text  # noqa: E402,F401\n")
 
     workdir = root / "run"
@@ -254,7 +254,7 @@ def _edit(path, new_text):
 @pytest.mark.parametrize(
     "module, edit",
     [
-        ("tokenization.py", lambda text: text + "\n# a fix\nFIXED = True\n"),
+        ("stages/tokenize.py", lambda text: text + "\n# a fix\nFIXED = True\n"),
         ("text_helpers.py", lambda text: text.replace("text.strip()", "text.strip(' ')")),
     ],
 )
@@ -272,9 +272,9 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
 @pytest.mark.parametrize(
     "module, edit",
     [
-        ("tokenization.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
+        ("stages/tokenize.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
         ("text_helpers.py", lambda text: text.replace("def strip_text(text):\n", 'def strip_text(text):\n    """A docstring."""\n')),
-        ("tokenization.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
+        ("stages/tokenize.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
     ],
     ids=["comment", "docstring", "line-wrap"],
 )
@@ -355,14 +355,14 @@ def test_expert_parallel_on_cpu_stops_the_plan_naming_the_key(code_run):
 def test_code_closure_follows_imports():
     from draftline.plan import module_closure
 
-    names = {p.rsplit("/src/", 1)[1] for p in module_closure(str(REPO / "src"), ("hidden_states",))}
+    names = {p.rsplit("/src/", 1)[1] for p in module_closure(str(REPO / "src"), ("stages.hidden_states",))}
     # hidden_states imports atomic and engine at the top; the backends registry names its
     # modules as strings, and the vLLM backend names its CPU connector module the same way
-    assert {"draftline/hidden_states.py", "draftline/atomic.py", "draftline/engine.py",
+    assert {"draftline/stages/hidden_states.py", "draftline/atomic.py", "draftline/engine.py",
             "draftline/backends/__init__.py", "draftline/backends/transformers.py",
             "draftline/backends/vllm.py", "draftline/backends/vllm_cpu_connector.py",
             "draftline/__init__.py"} <= names
-    assert not any(n.startswith("draftline/train") for n in names)  # train/ (a package) and train_entry.py
+    assert not any(n.startswith("draftline/stages/train") for n in names)  # train/ (a package) and train_entry.py
     with pytest.raises(FileNotFoundError, match="no_such_module"):
         module_closure(str(REPO / "src"), ("no_such_module",))
 

@@ -21,7 +21,7 @@ def test_config_folder_loads_back_with_the_configured_fields(tiny_model, layer_i
     from speculators.utils.loading import is_config_only_dir
 
     from draftline.algorithms import DraftSettings
-    from draftline.speculator_config import write_speculator_config
+    from draftline.stages.speculator_config import write_speculator_config
 
     out = write_speculator_config(tmp_path / "config", tiny_model, layer_ids, 64, DraftSettings(num_layers=2, ttt_steps=4))
     assert [p.name for p in out.iterdir()] == ["config.json"]
@@ -46,7 +46,7 @@ def test_config_matches_what_speculators_train_builds(tiny_model):
 
     from draftline.algorithms import DraftSettings
     from draftline.algorithms.eagle3 import resolve_train_args
-    from draftline.speculator_config import build_speculator_config
+    from draftline.stages.speculator_config import build_speculator_config
 
     settings = DraftSettings(num_layers=1, ttt_steps=3)
     ours = build_speculator_config(tiny_model, AUX, 64, settings)
@@ -64,7 +64,7 @@ def test_config_matches_what_speculators_train_builds(tiny_model):
 
 
 def test_draft_vocab_larger_than_target_is_a_clear_error(tiny_model, layer_ids, tmp_path):
-    from draftline.speculator_config import write_speculator_config
+    from draftline.stages.speculator_config import write_speculator_config
 
     with pytest.raises(ValueError, match="vocab.draft_vocab_size = 1000"):
         write_speculator_config(tmp_path / "config", tiny_model, layer_ids, 1000)

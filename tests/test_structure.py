@@ -14,14 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 PACKAGE = SRC / "draftline"
 
-# One module (or package: its modules are the stage's) per pipeline step (train_entry is the train
-# step's child process).
+# The stages: one module (or package: its modules are the stage's) under draftline/stages/ per
+# pipeline step, named like its rule file (rules/<name>.smk); train_entry is the train step's child
+# process. name -> the step it belongs to.
 STAGES = {
-    "prompts": "prompts", "target_model": "target_model", "layers": "layer_ids",
-    "regenerate": "regenerate", "tokenization": "tokenize", "disk": "disk_estimate",
-    "hidden_states": "hidden_states", "vocab": "vocab", "speculator_config": "speculator_config",
-    "train": "train", "train_entry": "train", "evaluate": "evaluate", "report": "report",
-    "summary": "summary",
+    "prompts": "prompts", "target_model": "target_model", "layer_ids": "layer_ids", "regenerate": "regenerate",
+    "tokenize": "tokenize", "disk_estimate": "disk_estimate", "hidden_states": "hidden_states", "vocab": "vocab",
+    "speculator_config": "speculator_config", "train": "train", "train_entry": "train", "evaluate": "evaluate",
+    "report": "report", "summary": "summary",
 }
 # What stages share: the files between them, the seams, and the runtime helpers.
 SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing")
@@ -59,24 +59,39 @@ GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
 
 
 def _top(name: str) -> str:
-    """The module under draftline that `name` is or belongs to (draftline.train.inputs -> draftline.train)."""
-    return ".".join(name.split(".")[:2])
+    """The module under draftline (or under draftline.stages) that `name` is or belongs to
+    (draftline.stages.train.inputs -> draftline.stages.train, draftline.backends.vllm -> draftline.backends)."""
+    parts = name.split(".")
+    return ".".join(parts[:3] if parts[1:2] == ["stages"] and len(parts) > 2 else parts[:2])
 
 
 def _stage_modules(stages) -> set[str]:
     """The modules of `stages`: each stage's module, or its package with every module in it."""
-    tops = {f"draftline.{s}" for s in stages}
+    tops = {f"draftline.stages.{s}" for s in stages}
     return {m for m in MODULES if _top(m) in tops}
 
 
 def test_the_stage_list_names_every_module_outside_the_shared_layers():
-    shared = {"draftline", "draftline.atomic", "draftline.logs", "draftline.devices", "draftline.content_hash",
+    shared = {"draftline", "draftline.stages", "draftline.atomic", "draftline.logs", "draftline.devices", "draftline.content_hash",
               "draftline.config_schema", "draftline.engine", "draftline.checks", "draftline.plan",
               "draftline.provenance", "draftline.sources", "draftline.sizing", "draftline.cluster",
               "draftline.target_hashes", "draftline.fidelity", "draftline.versions"}
     outside = {_top(m) for m in MODULES if m not in shared and m.split(".")[1] not in SHARED_PACKAGES}
-    assert outside == {f"draftline.{s}" for s in {*STAGES, *DRIVERS}}, \
+    assert outside == {f"draftline.stages.{s}" for s in STAGES} | {f"draftline.{d}" for d in DRIVERS}, \
         "a new module: add it to STAGES, DRIVERS or the shared layers"
+
+
+def test_each_stage_is_named_like_its_rule_file_and_script():
+    """draftline/stages/ holds the stages and nothing else; a stage, its rules file and its script
+    share one name (a stage with several scripts: <name>.py or <name>_<part>.py)."""
+    found = {p.stem for p in (PACKAGE / "stages").iterdir() if p.name != "__init__.py" and p.name != "__pycache__"}
+    assert found == set(STAGES)
+    scripts = {p.stem for p in (REPO / "scripts").glob("*.py")}
+    for name, step in STAGES.items():
+        if step != name:
+            continue  # a stage's child process (train_entry)
+        assert (REPO / "rules" / f"{name}.smk").is_file(), f"rules/{name}.smk"
+        assert name in scripts or any(s.startswith(f"{name}_") for s in scripts), f"scripts/{name}.py"
 
 
 def test_no_script_reads_the_config():
@@ -158,10 +173,10 @@ def test_every_registered_algorithm_is_selectable_and_named_as_speculators_names
 
 def test_settings_defaults_are_the_schemas():
     from draftline.config_schema import default
-    from draftline.evaluate import EvaluateSettings
-    from draftline.regenerate import RegenerateSettings
-    from draftline.tokenization import TokenizeSettings
-    from draftline.train import TrainSettings
+    from draftline.stages.evaluate import EvaluateSettings
+    from draftline.stages.regenerate import RegenerateSettings
+    from draftline.stages.tokenize import TokenizeSettings
+    from draftline.stages.train import TrainSettings
 
     assert TrainSettings().epochs == default("train", "epochs")
     assert RegenerateSettings().max_new_tokens == default("regenerate", "max_new_tokens")

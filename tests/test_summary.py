@@ -12,7 +12,7 @@ def _stage(run, path):
 
 
 def test_summary_of_a_finished_run(tiny_run, tmp_path):
-    from draftline.summary import build_summary, folder_bytes, write_summary
+    from draftline.stages.summary import build_summary, folder_bytes, write_summary
 
     run = copy_run(tiny_run, tmp_path / "my-run")
     results = run / "results"
@@ -67,7 +67,7 @@ def test_summary_of_a_finished_run(tiny_run, tmp_path):
 
 
 def test_summary_warns_only_where_it_applies(tiny_run, tmp_path):
-    from draftline.summary import build_summary
+    from draftline.stages.summary import build_summary
 
     run = copy_run(tiny_run, tmp_path / "run")
     path = run / "results/regenerated/summary.json"
@@ -81,8 +81,8 @@ def test_summary_warns_only_where_it_applies(tiny_run, tmp_path):
 def test_summary_lists_rejected_rows_per_source(tmp_path):
     """prompts.on_bad_row: skip leaves rows out; the run's summary says how many of which source,
     and why, as a warning and in a table per source (read from results/prompts/summary.json)."""
-    from draftline.prompts import build_prompts
-    from draftline.summary import build_summary, to_markdown
+    from draftline.stages.prompts import build_prompts
+    from draftline.stages.summary import build_summary, to_markdown
 
     def source(name, rows):
         path = tmp_path / name
@@ -119,7 +119,7 @@ PROSE = (
 
 
 def test_an_answer_that_loops_is_told_from_one_cut_mid_thought():
-    from draftline.summary import repeats_itself
+    from draftline.stages.summary import repeats_itself
 
     assert repeats_itself(LOOP) and repeats_itself(NUMBERED_LOOP)
     assert not repeats_itself(PROSE)
@@ -129,7 +129,7 @@ def test_an_answer_that_loops_is_told_from_one_cut_mid_thought():
 def test_truncation_warning_counts_answers_cut_mid_thought_not_loops(tmp_path):
     """Answers cut while looping would not end at any max_new_tokens: the summary counts them
     apart and warns only when the answers cut mid-thought are more than 20%."""
-    from draftline.summary import build_summary
+    from draftline.stages.summary import build_summary
 
     def run(cut_prose: int, cut_loops: int):
         results = tmp_path / f"{cut_prose}-{cut_loops}" / "results"

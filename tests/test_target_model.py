@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from draftline.content_hash import HashCache
-from draftline.target_model import (
+from draftline.stages.target_model import (
     EMBEDDED_NAME,
     PROVENANCE_FILE,
     TargetError,

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from draftline.tokenization import (
+from draftline.stages.tokenize import (
     TemplateError,
     TokenizeSettings,
     load_tokenizer,
@@ -123,10 +123,10 @@ def write_rows(path, rows):
 def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model, tmp_path, monkeypatch):
     from datasets import load_from_disk
 
-    import draftline.tokenization
+    import draftline.stages.tokenize
 
     # rows stream to disk in batches: one row per batch here, so the order across batches shows
-    monkeypatch.setattr(draftline.tokenization, "ARROW_BATCH_ROWS", 1)
+    monkeypatch.setattr(draftline.stages.tokenize, "ARROW_BATCH_ROWS", 1)
 
     long_answer = "The sea is wide and blue and deep. " * 40
     rows = [
@@ -186,7 +186,7 @@ def test_a_dataset_preprocessed_in_parts_is_the_same_dataset(tiny_model, tmp_pat
     format speculators' Trainer reads, and token_freq.pt are those of one part."""
     from datasets import load_from_disk
 
-    import draftline.tokenization
+    import draftline.stages.tokenize
 
     answers = ["Paris.", "The sea is wide and blue. " * 3, "Four.", "Red, green and blue.", "Hola."]
     rows = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"Question {i}?"},
@@ -202,9 +202,9 @@ def test_a_dataset_preprocessed_in_parts_is_the_same_dataset(tiny_model, tmp_pat
         return out
 
     whole = run("whole")
-    monkeypatch.setattr(draftline.tokenization, "PART_TOKENS", 40)  # every row or two a part
+    monkeypatch.setattr(draftline.stages.tokenize, "PART_TOKENS", 40)  # every row or two a part
     lengths = load_from_disk(str(whole / "dataset")).with_format(None)["seq_len"]
-    assert len(draftline.tokenization.part_bounds(lengths, 40)) >= 3
+    assert len(draftline.stages.tokenize.part_bounds(lengths, 40)) >= 3
     parts = run("parts")
 
     one, many = load_from_disk(str(whole / "dataset")), load_from_disk(str(parts / "dataset"))
@@ -235,8 +235,8 @@ def test_empty_answer_trains_only_its_end_token(chatml):
 def test_chat_template_kwargs_reach_the_template_and_stay_out_of_the_loss(chatml):
     """target.chat_template_kwargs (Qwen3's enable_thinking here) render every turn as the target
     sees it: the empty think block opens each answer, and only the answers are trained."""
+    from draftline.stages.tokenize import iter_tokenized, new_stats
     from draftline.testing.tiny_model import CHATML_THINKING_TEMPLATE, NO_THINK
-    from draftline.tokenization import iter_tokenized, new_stats
 
     tokenizer, stop = chatml
     rows = [{"id": "two-turns", "messages": MULTI_TURN}]

@@ -92,9 +92,9 @@ def write_hidden_states(target: Path, dataset, out: Path, aux: list[int]) -> Non
 def train_inputs(tiny_model, tmp_path_factory):
     from speculators.train.vocab_mapping import save_token_frequency_distribution
 
-    from draftline.speculator_config import write_speculator_config
-    from draftline.train import TrainInputs
-    from draftline.vocab import write_vocab
+    from draftline.stages.speculator_config import write_speculator_config
+    from draftline.stages.train import TrainInputs
+    from draftline.stages.vocab import write_vocab
 
     root = tmp_path_factory.mktemp("train-inputs")
     ds = build_dataset(tiny_model, root / "tokenized" / "dataset")
@@ -121,7 +121,7 @@ SETTINGS = dict(epochs=2, total_seq_len=256, train_fraction=0.75)
 
 @pytest.fixture(scope="module")
 def trained(train_inputs, tmp_path_factory):
-    from draftline.train import TrainJob, TrainSettings, train
+    from draftline.stages.train import TrainJob, TrainSettings, train
 
     root = tmp_path_factory.mktemp("train-out")
     final = train(train_inputs, TrainSettings(**SETTINGS), TrainJob(root / "runs", root / "final", threads=1))
@@ -182,7 +182,7 @@ def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplo
     import logging
     import shutil
 
-    from draftline.train import TrainJob, TrainSettings, train
+    from draftline.stages.train import TrainJob, TrainSettings, train
 
     root, final = trained
     (run_dir,) = (root / "runs").iterdir()
@@ -200,7 +200,7 @@ def test_retry_discards_cut_short_epoch_and_resumes(train_inputs, trained, caplo
 
 
 def test_run_key_follows_settings_and_inputs():
-    from draftline.train import TrainSettings, run_key
+    from draftline.stages.train import TrainSettings, run_key
 
     inputs = {"dataset": "a", "hidden_states": "b"}
     base = run_key(TrainSettings(), "adamw", 1, inputs)
@@ -213,7 +213,7 @@ def test_run_key_follows_settings_and_inputs():
 
 def _facts(rows: int, dtype: str = "float32"):
     """What check_inputs finds for an eagle3 draft reading AUX with a 64-token draft vocabulary."""
-    from draftline.train import InputFacts
+    from draftline.stages.train import InputFacts
 
     return InputFacts(rows=rows, aux=AUX, draft_vocab_size=64, hidden_states_dtype=dtype)
 
@@ -221,7 +221,7 @@ def _facts(rows: int, dtype: str = "float32"):
 @pytest.mark.parametrize("rows", [2, 3, 7, 10, 240, 1000, 99_999])
 def test_train_fraction_one_keeps_a_single_validation_row(rows, tmp_path):
     """speculators 0.9.0 needs a validation split: 1.0 leaves it one row (ignored)."""
-    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
+    from draftline.stages.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
     args = speculators_args(inputs, TrainSettings(train_fraction=1.0), _facts(rows), TrainerOptions(), tmp_path)
@@ -230,7 +230,7 @@ def test_train_fraction_one_keeps_a_single_validation_row(rows, tmp_path):
 
 
 def test_too_few_rows_for_a_split_is_a_clear_error(tmp_path):
-    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
+    from draftline.stages.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
     with pytest.raises(ValueError, match="train.train_fraction"):
@@ -240,7 +240,7 @@ def test_too_few_rows_for_a_split_is_a_clear_error(tmp_path):
 def test_missing_hidden_states_are_reported_before_training(train_inputs, tmp_path):
     from dataclasses import replace
 
-    from draftline.train import check_inputs
+    from draftline.stages.train import check_inputs
 
     view = tmp_path / "all"
     view.mkdir()
@@ -276,7 +276,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
     folder (every epoch with optimizer state) is removed, unless keep_old_runs is set."""
     import logging
 
-    from draftline.train import TrainJob, TrainSettings, train
+    from draftline.stages.train import TrainJob, TrainSettings, train
 
     root, final = trained
     (old_run,) = (root / "runs").iterdir()
@@ -301,7 +301,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
 
 def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(tmp_path):
     from draftline.plan import resolve_num_workers
-    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, run_key, speculators_args
+    from draftline.stages.train import TrainerOptions, TrainInputs, TrainSettings, run_key, speculators_args
 
     assert resolve_num_workers("auto", cuda=False) == 0
     assert resolve_num_workers("auto", cuda=True) > 0
@@ -322,7 +322,7 @@ def test_trust_remote_code_reaches_speculators_own_parser(tmp_path):
     fails late otherwise): the flag is passed, and speculators' own CLI parser reads it."""
     from speculators.train.config.resolution import build_parser
 
-    from draftline.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
+    from draftline.stages.train import TrainerOptions, TrainInputs, TrainSettings, speculators_args
 
     inputs = TrainInputs(*(tmp_path,) * 6, target="t")
     allowed = speculators_args(inputs, TrainSettings(), _facts(100), TrainerOptions(trust_remote_code=True), tmp_path)
@@ -346,7 +346,7 @@ def _checkpoint(folder, local_step: int, state_last: bool = True):
 def test_step_checkpoints_resume_mid_epoch_and_are_never_published(tmp_path):
     """speculators' training_state.json tells an epoch's end (local_step 0) from a step checkpoint;
     only the former counts as a finished epoch, and a cut-short save is discarded."""
-    from draftline.train import INTERRUPTED, choose_epoch, describe_start, discard_incomplete_epochs, finished_epochs
+    from draftline.stages.train import INTERRUPTED, choose_epoch, describe_start, discard_incomplete_epochs, finished_epochs
 
     run = tmp_path / "run"
     assert describe_start(run, 3) == "fresh start"
@@ -366,7 +366,7 @@ def test_step_checkpoints_resume_mid_epoch_and_are_never_published(tmp_path):
 
 
 def test_progress_counts_steps_from_one_with_the_time_left():
-    from draftline.train_entry import MetricsRecorder
+    from draftline.stages.train_entry import MetricsRecorder
 
     recorder = MetricsRecorder(None)
     assert recorder.where(0, 100.0) == "step 1"  # before the Trainer tells the step counts
@@ -384,10 +384,10 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
 
     import yaml
 
-    from draftline.train import name_verifier_in_run_records
+    from draftline.stages.train import name_verifier_in_run_records
 
     local = tmp_path / "models" / "tiny model"
-    entry = tmp_path / "checkout/src/draftline/train_entry.py"
+    entry = tmp_path / "checkout/src/draftline/stages/train_entry.py"
     argv = [str(entry), "--verifier-name-or-path", str(local), "--data-path", "results/tokenized/dataset"]
     (tmp_path / "train_command.txt").write_text(f"# Timestamp: now\n# speculators: 0.9.0\n{shlex.join(argv)}\n")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"train": {"verifier": {"verifier_name_or_path": str(local)},
@@ -396,7 +396,7 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
 
     lines = (tmp_path / "train_command.txt").read_text().splitlines()
     assert lines[:2] == ["# Timestamp: now", "# speculators: 0.9.0"] and lines[2].startswith("# draftline: ")
-    assert shlex.split(lines[3]) == ["python", "-m", "draftline.train_entry", "--verifier-name-or-path",
+    assert shlex.split(lines[3]) == ["python", "-m", "draftline.stages.train_entry", "--verifier-name-or-path",
                                      "acme/Target-8B", "--data-path", "results/tokenized/dataset"]
     record = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}

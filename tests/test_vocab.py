@@ -40,7 +40,7 @@ def token_freq(tiny_model, tmp_path_factory):
 
 
 def _write(tiny_model, token_freq_path, size, tmp_path):
-    from draftline.vocab import write_vocab
+    from draftline.stages.vocab import write_vocab
 
     out = tmp_path / "vocab"
     summary = write_vocab(token_freq_path, tiny_model, size, out / "d2t.npy", out / "t2d.npy", out / "summary.json")

@@ -133,7 +133,7 @@ def test_tiny_chain_job_logs_leave_out_repeated_noise(tiny_run):
     import re
 
     from draftline.logs import NOISE
-    from draftline.train import TRAINER_NOISE
+    from draftline.stages.train import TRAINER_NOISE
 
     # the server log is the vLLM server's own output (online mode), not a job's log
     logs = {p: p.read_text(errors="replace") for p in (tiny_run / "logs").rglob("*.log") if p.name != "train_vllm_server.log"}

@@ -4,13 +4,13 @@
 
 Builds a target with random weights (Llama-3.1-8B shape, bf16) and a dataset of random token
 rows of realistic length, then runs the pipeline's own code on them:
-- extraction: `draftline.hidden_states.extract_shard(backend="transformers")` (what
+- extraction: `draftline.stages.hidden_states.extract_shard(backend="transformers")` (what
   scripts/hidden_states.py calls), against the compute limit (the decoder's useful FLOPs per
   token, `decoder_work`, at the bf16 matmul rate measured here) and against a plain decoder
   forward of the same batches. `--only extraction` runs just that, in depth: the stage in a
   fresh process (first call cold, second call warm), like-for-like variants alternating in one
   process (`extraction_variants`), the matmul rate three times, a page-cache-cold first call;
-- training: `draftline.train.train` (what scripts/train.py calls: speculators' Trainer under
+- training: `draftline.stages.train.train` (what scripts/train.py calls: speculators' Trainer under
   torchrun), against a plain forward+backward loop of the same draft on the Trainer's own batch;
   peak GPU memory from nvidia-smi for both; the checkpoint is loaded back with speculators;
 - with 2 GPUs (issue 7): training with 2 processes (DDP, then --fsdp-shard) against 1, and

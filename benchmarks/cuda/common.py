@@ -188,9 +188,9 @@ def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: i
     from datasets import Dataset
 
     from draftline.artifacts import layer_ids as layer_ids_file
-    from draftline.layers import resolve_layer_ids
-    from draftline.speculator_config import write_speculator_config
-    from draftline.vocab import build_vocab_maps
+    from draftline.stages.layer_ids import resolve_layer_ids
+    from draftline.stages.speculator_config import write_speculator_config
+    from draftline.stages.vocab import build_vocab_maps
 
     rng = random.Random(0)
     lengths = [rng.randint(seq_len * 3 // 4, seq_len * 5 // 4) for _ in range(rows)]

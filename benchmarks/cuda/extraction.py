@@ -13,7 +13,7 @@ from common import log, summarize, sync
 
 def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:
     from draftline.engine import EngineSettings
-    from draftline.hidden_states import build_training_view, extract_shard
+    from draftline.stages.hidden_states import build_training_view, extract_shard
 
     t0 = time.perf_counter()
     m = extract_shard(work / "dataset", target, work / "layer_ids.json", 0, 1, work / "hs" / "shard_0",
@@ -105,7 +105,7 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     import draftline.backends.transformers as hf
     from draftline.artifacts import layer_ids as layer_ids_file
     from draftline.engine import EngineSettings
-    from draftline.hidden_states import extract_shard
+    from draftline.stages.hidden_states import extract_shard
 
     layer_ids = layer_ids_file.read(work / "layer_ids.json")
     ids = load_from_disk(str(work / "dataset")).with_format(None)["input_ids"]

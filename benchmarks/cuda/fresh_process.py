@@ -36,7 +36,7 @@ def extract_calls_main() -> None:
     import draftline.backends.transformers as hf
     from draftline.devices import claim_gpus
     from draftline.engine import EngineSettings
-    from draftline.hidden_states import extract_shard
+    from draftline.stages.hidden_states import extract_shard
 
     t_imp = time.time()
     got = claim_gpus(1)

@@ -80,7 +80,7 @@ def extract_shard_main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
     from draftline.devices import claim_gpus
     from draftline.engine import EngineSettings
-    from draftline.hidden_states import extract_shard
+    from draftline.stages.hidden_states import extract_shard
 
     # As scripts/hidden_states.py does: take one free GPU before CUDA starts.
     got = claim_gpus(1)

@@ -1,4 +1,4 @@
-"""Training: `draftline.train.train` (what scripts/train.py calls: speculators' Trainer under
+"""Training: `draftline.stages.train.train` (what scripts/train.py calls: speculators' Trainer under
 torchrun) on 1 and 2 GPUs (DDP, FSDP), against a plain forward+backward loop of the same draft on
 the Trainer's own batch; the checkpoint loaded back with speculators."""
 
@@ -14,7 +14,7 @@ from common import GpuMemoryPoller, sync
 
 
 def train_inputs(work: Path, target: Path):
-    from draftline.train import TrainInputs
+    from draftline.stages.train import TrainInputs
 
     return TrainInputs(config_dir=work / "config", dataset=work / "dataset", hidden_states=work / "hs" / "all",
                        d2t=work / "d2t.npy", t2d=work / "t2d.npy", layer_ids=work / "layer_ids.json",
@@ -23,9 +23,9 @@ def train_inputs(work: Path, target: Path):
 
 def training(work: Path, target: Path, name: str, gpus: int, epochs: int, total_seq_len: int,
              fsdp: bool = False, num_workers: int | str = "auto") -> dict:
-    """`draftline.train.train` as scripts/train.py calls it, with the `train.fsdp` and
+    """`draftline.stages.train.train` as scripts/train.py calls it, with the `train.fsdp` and
     `train.num_workers` settings."""
-    import draftline.train as dt
+    import draftline.stages.train as dt
     from draftline.artifacts import metrics
 
     settings = dt.TrainSettings(epochs=epochs, total_seq_len=total_seq_len, train_fraction=0.9,
@@ -86,10 +86,10 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
     from speculators.train.config import TrainConfig
     from speculators.train.dataloader import create_train_val_loaders
 
-    import draftline.train as dt
+    import draftline.stages.train as dt
 
     if not torch.cuda.is_available():
-        from draftline.train_entry import apply_cpu_shims
+        from draftline.stages.train_entry import apply_cpu_shims
 
         apply_cpu_shims()
     settings = dt.TrainSettings(epochs=1, total_seq_len=total_seq_len, train_fraction=0.9)

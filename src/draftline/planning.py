@@ -5,7 +5,7 @@ checked, the target resolved and identified by content (hashes kept across run f
 draftline.target_hashes), the device and the `auto` settings resolved for it
 (draftline.plan.resolved_settings), the config checked against the target's shape
 (draftline.checks), the hidden states' disk use printed and held to hidden_states.max_disk_gb
-(draftline.disk), and the run's GPU-hours printed (draftline.sizing). What it prints and the
+(draftline.stages.disk_estimate), and the run's GPU-hours printed (draftline.sizing). What it prints and the
 errors it raises (PlanningError, which the workflow shows as a WorkflowError) are what a user
 sees before the first job.
 
@@ -24,7 +24,12 @@ from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.checks import ConfigError, TargetShape, check_config, target_shape
 from draftline.cluster import cluster_device, jobs_leave_this_machine
-from draftline.disk import (
+from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
+from draftline.fidelity import FidelitySettings, resolve_min_top1
+from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
+from draftline.sizing import planned_training_rows
+from draftline.sources import PromptError, check_sources
+from draftline.stages.disk_estimate import (
     DiskLimit,
     DiskLimitError,
     check_limit,
@@ -33,15 +38,10 @@ from draftline.disk import (
     row_lengths,
     upper_bound_estimate,
 )
-from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
-from draftline.fidelity import FidelitySettings, resolve_min_top1
-from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
-from draftline.sizing import planned_training_rows
-from draftline.sources import PromptError, check_sources
-from draftline.summary import SummarySettings
+from draftline.stages.summary import SummarySettings
+from draftline.stages.target_model import TargetSpec, resolve_target, target_identity
+from draftline.stages.train.settings import HiddenStateSource
 from draftline.target_hashes import SharedHashCache, local_target_files
-from draftline.target_model import TargetSpec, resolve_target, target_identity
-from draftline.train.settings import HiddenStateSource
 
 HASH_CACHE = ".snakemake/draftline/hash_cache.json"
 PROMPTS_SUMMARY = "results/prompts/summary.json"
@@ -320,7 +320,7 @@ def _shards_done(config: dict, shards: tuple[int, ...]) -> bool:
 
 def extracted_layers(setting) -> int:
     """How many layers extraction captures: results/target/layer_ids.json's once the layer_ids rule
-    ran, else as configured (`auto`: speculators' three aux layers, draftline.layers, + the last)."""
+    ran, else as configured (`auto`: speculators' three aux layers, draftline.stages.layer_ids, + the last)."""
     try:
         return len(layer_ids_file.read(LAYER_IDS).extracted)
     except ValueError:  # not yet (or not readable)

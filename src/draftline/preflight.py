@@ -515,8 +515,9 @@ def run_regenerate(
     `preflight.prompts` prompts, decode the first `preflight.rows` greedily (the reference),
     tokenize their conversations. Writes prompts.jsonl, conversations.jsonl, reference.json and
     tokenized/ into `out_dir`."""
-    from draftline import evaluate, regenerate, tokenization
     from draftline.engine import shutdown, target_llm
+    from draftline.stages import evaluate, regenerate
+    from draftline.stages import tokenize as tokenization
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -631,9 +632,9 @@ def run_hidden_states(
 ) -> dict:
     """The hidden-state part: the tokenized rows of the regeneration part through the
     extraction stage (one shard of them), then the fidelity check on its files."""
-    from draftline import hidden_states
     from draftline.artifacts import layer_ids as layer_ids_file
     from draftline.artifacts.hidden_states import file_name, read_states
+    from draftline.stages import hidden_states
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -690,8 +691,8 @@ def run_speculative(
 ) -> dict:
     """The speculative part: an untrained draft of the run's config (vocab maps from the
     tokenized rows' frequencies), served in vLLM; its greedy outputs must equal the reference."""
-    from draftline import evaluate, vocab
     from draftline.engine import shutdown
+    from draftline.stages import evaluate, vocab
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

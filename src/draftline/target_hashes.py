@@ -1,7 +1,7 @@
 """The content hashes of a local target's big files, made once per file version and shared by
 every run folder of the user: hashing the weights of a 235B target reads 470 GB.
 
-A local target folder's identity (draftline.target_model.target_identity, a param of every rule
+A local target folder's identity (draftline.stages.target_model.target_identity, a param of every rule
 that reads the target) is the sha256 of all its files. `SharedHashCache` is the cache the plan
 gives it: entries keyed, as `content_hash.HashCache` keys them, by a file's resolved path, size,
 mtime and ctime (a file rewritten in place changes its ctime whatever else is restored), kept in

@@ -4,7 +4,7 @@
 An algorithm says everything that differs between draft kinds, and nothing else:
 - `build_config(...)`: the speculators config (config.json only) a fresh draft starts from;
 - `config_facts(config_json)`: what the other stages check against (aux layers, sizes);
-- `trainer_args(...)`: the Trainer flags beyond the common ones (`draftline.train`);
+- `trainer_args(...)`: the Trainer flags beyond the common ones (`draftline.stages.train`);
 - `expected_tensors(facts)`: the tensors a checkpoint must hold, with their shapes;
 - `model_class()`: the speculators model class (the untrained baseline is built from it the way
   the Trainer builds a fresh draft);

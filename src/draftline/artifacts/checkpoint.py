@@ -1,5 +1,5 @@
 """The published draft's own record (results/checkpoint/final/draftline_provenance.json, written by
-draftline.train): which epoch it is."""
+draftline.stages.train): which epoch it is."""
 
 from __future__ import annotations
 

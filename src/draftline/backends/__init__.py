@@ -1,6 +1,6 @@
 """Hidden-state backends: what computes the target's hidden states for a list of dataset rows.
 
-The hidden-state stage (`draftline.hidden_states`) owns everything around a backend: which
+The hidden-state stage (`draftline.stages.hidden_states`) owns everything around a backend: which
 rows a shard holds, the staging folder that survives a killed job, validation of every file,
 the manifest and the atomic publish. A backend only turns token ids into validated
 `hs_<row>.safetensors` files (`draftline.artifacts.hidden_states`) in `request.dest`.

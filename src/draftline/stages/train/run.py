@@ -1,7 +1,7 @@
 """The Trainer's child process: its environment, its output forwarded into the step's log, and
 the signals of a preempted or killed job. SIGTERM reaches the Trainer, which saves and exits; the
 job then fails without publishing, and its rerun resumes from the last epoch or step checkpoint
-(`draftline.train.checkpoints`)."""
+(`draftline.stages.train.checkpoints`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from draftline.train.args import launch_command
-from draftline.train.placement import Placement
+from draftline.stages.train.args import launch_command
+from draftline.stages.train.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def launch(args: list[str], where: Placement, metrics_path: Path, lock_timeout_s
 
 def run_trainer(command: list[str], env: dict) -> None:
     """Run the child, forwarding its output line by line into this step's log."""
-    child_log = logging.getLogger("draftline.train.speculators")
+    child_log = logging.getLogger("draftline.stages.train.speculators")
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     ) as proc, _forward_sigterm(proc):

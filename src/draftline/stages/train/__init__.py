@@ -1,6 +1,6 @@
 """Train the draft with speculators' own Trainer and publish the chosen checkpoint.
 
-The Trainer runs in a child process (`draftline.train_entry`: speculators' entry point
+The Trainer runs in a child process (`draftline.stages.train_entry`: speculators' entry point
 plus CPU shims), through torchrun with one process per GPU on CUDA. Checkpoints go to
 `runs/<run key>/`, where the key hashes the training settings and fingerprints of every
 input: a retry with the same inputs resumes from the newest epoch folder (speculators'
@@ -33,8 +33,8 @@ One module per job, as speculators splits its own `speculators.train`:
 - job: `train()`, the step from end to end
 """
 
-from draftline.train.args import TrainerOptions, launch_command, speculators_args
-from draftline.train.checkpoints import (
+from draftline.stages.train.args import TrainerOptions, launch_command, speculators_args
+from draftline.stages.train.checkpoints import (
     INTERRUPTED,
     NOT_IN_RUN_KEY,
     Run,
@@ -47,13 +47,13 @@ from draftline.train.checkpoints import (
     prune_old_runs,
     run_key,
 )
-from draftline.train.inputs import InputFacts, check_inputs
-from draftline.train.job import train
-from draftline.train.online import check_online_fidelity
-from draftline.train.placement import Placement, check_world_size, split_devices, split_threads
-from draftline.train.publish import check_skipped_samples, choose_epoch, name_verifier, name_verifier_in_run_records
-from draftline.train.run import TRAINER_NOISE, Terminated, run_trainer
-from draftline.train.settings import HiddenStateSource, TrainInputs, TrainJob, TrainSettings
+from draftline.stages.train.inputs import InputFacts, check_inputs
+from draftline.stages.train.job import train
+from draftline.stages.train.online import check_online_fidelity
+from draftline.stages.train.placement import Placement, check_world_size, split_devices, split_threads
+from draftline.stages.train.publish import check_skipped_samples, choose_epoch, name_verifier, name_verifier_in_run_records
+from draftline.stages.train.run import TRAINER_NOISE, Terminated, run_trainer
+from draftline.stages.train.settings import HiddenStateSource, TrainInputs, TrainJob, TrainSettings
 
 __all__ = [
     "INTERRUPTED", "NOT_IN_RUN_KEY", "TRAINER_NOISE", "HiddenStateSource", "InputFacts", "Placement", "Run",

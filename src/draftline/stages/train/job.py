@@ -8,14 +8,14 @@ import logging
 import time
 from pathlib import Path
 
-from draftline.train.args import TrainerOptions, speculators_args
-from draftline.train.checkpoints import describe_start, open_run, prune_old_runs
-from draftline.train.inputs import check_inputs
-from draftline.train.online import server_key, server_settings, train_online
-from draftline.train.placement import place
-from draftline.train.publish import check_skipped_samples, publish, view_fidelity
-from draftline.train.run import exit_on_sigterm, launch
-from draftline.train.settings import HiddenStateSource, TrainInputs, TrainJob, TrainSettings
+from draftline.stages.train.args import TrainerOptions, speculators_args
+from draftline.stages.train.checkpoints import describe_start, open_run, prune_old_runs
+from draftline.stages.train.inputs import check_inputs
+from draftline.stages.train.online import server_key, server_settings, train_online
+from draftline.stages.train.placement import place
+from draftline.stages.train.publish import check_skipped_samples, publish, view_fidelity
+from draftline.stages.train.run import exit_on_sigterm, launch
+from draftline.stages.train.settings import HiddenStateSource, TrainInputs, TrainJob, TrainSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """speculators' own training entry point, plus CPU shims and a metrics log.
 
-    python -m draftline.train_entry <speculators train flags>            # CPU or 1 GPU
-    torchrun --nproc_per_node N -m draftline.train_entry <flags>         # N GPUs
+    python -m draftline.stages.train_entry <speculators train flags>            # CPU or 1 GPU
+    torchrun --nproc_per_node N -m draftline.stages.train_entry <flags>         # N GPUs
 
 It runs exactly what `python -m speculators.train` runs (`cli.main(TrainConfig.resolve())`),
 after three narrow additions:
@@ -30,7 +30,7 @@ after three narrow additions:
   `error_records`, and the Trainer only logs a warning. Every batch passes through
   `BatchRecoveryCoordinator.consume` (training and validation) before it is used: there each
   batch's `error_records` is appended to $DRAFTLINE_METRICS_PATH as a `skipped_samples` record
-  (every rank, with its epoch and phase), which draftline.train sums and checks against
+  (every rank, with its epoch and phase), which draftline.stages.train sums and checks against
   `hidden_states.online_max_skipped_samples` before publishing.
 """
 
@@ -253,7 +253,7 @@ def install_skip_counter(recorder: MetricsRecorder) -> None:
         if SKIPPED_KEY not in batch:
             raise RuntimeError(
                 f"speculators' {self.phase} batch has no {SKIPPED_KEY!r} (keys {sorted(batch)}): draftline cannot "
-                "count skipped samples with this speculators version (draftline.train_entry.install_skip_counter)"
+                "count skipped samples with this speculators version (draftline.stages.train_entry.install_skip_counter)"
             )
         skipped = int(batch[SKIPPED_KEY])
         if skipped:

@@ -11,7 +11,7 @@ from draftline import algorithms
 from draftline.algorithms import ConfigFacts
 from draftline.artifacts import layer_ids
 from draftline.artifacts.hidden_states import file_name, read_manifest, validate_hidden_states
-from draftline.train.settings import TrainInputs
+from draftline.stages.train.settings import TrainInputs
 
 # speculators trains on these; safetensors' names for them
 TRAINABLE_DTYPES = ("float32", "bfloat16")

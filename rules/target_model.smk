@@ -17,7 +17,7 @@ if TARGET.needs_rule:
             "../envs/gpu.yaml"
         threads: 1
         params:
-            code=code("target_model", script="target_model"),
+            code=code("stages.target_model", script="target_model"),
             model=config["target"]["model"],
             # the target's content (a local folder's files, a hub commit), decided at parse time
             identity=TARGET_IDENTITY,

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from draftline.content_hash import digest, fingerprint
-from draftline.train.args import TrainerOptions
-from draftline.train.settings import TrainInputs, TrainSettings
+from draftline.stages.train.args import TrainerOptions
+from draftline.stages.train.settings import TrainInputs, TrainSettings
 
 log = logging.getLogger(__name__)
 

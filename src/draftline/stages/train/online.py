@@ -15,8 +15,8 @@ from pathlib import Path
 
 from draftline import fidelity
 from draftline.artifacts import layer_ids
-from draftline.train.placement import Placement
-from draftline.train.settings import HiddenStateSource, TrainInputs
+from draftline.stages.train.placement import Placement
+from draftline.stages.train.settings import HiddenStateSource, TrainInputs
 
 log = logging.getLogger(__name__)
 

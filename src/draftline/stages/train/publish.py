@@ -15,9 +15,9 @@ from draftline import algorithms
 from draftline.artifacts import metrics
 from draftline.artifacts.hidden_states import read_manifest
 from draftline.atomic import atomic_dir, atomic_file
-from draftline.train.checkpoints import FINAL_FILES, INTERRUPTED, Run, epoch_dirs, finished_epochs
-from draftline.train.inputs import InputFacts
-from draftline.train.settings import HiddenStateSource, TrainJob, TrainSettings
+from draftline.stages.train.checkpoints import FINAL_FILES, INTERRUPTED, Run, epoch_dirs, finished_epochs
+from draftline.stages.train.inputs import InputFacts
+from draftline.stages.train.settings import HiddenStateSource, TrainJob, TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _rename_in_train_command(command_file: Path, name: str, note: str) -> None:
         if "--verifier-name-or-path" in argv:
             argv[argv.index("--verifier-name-or-path") + 1] = name
         if argv and argv[0].endswith("train_entry.py"):  # sys.argv[0]: this checkout's file
-            argv[:1] = ["python", "-m", "draftline.train_entry"]
+            argv[:1] = ["python", "-m", "draftline.stages.train_entry"]
     with atomic_file(command_file) as handle:
         handle.write("\n".join([*header, note, *(shlex.join(argv) for argv in commands)]) + "\n")
 
@@ -181,7 +181,7 @@ def name_verifier_in_run_records(folder: Path, name: str, local_path: Path) -> N
     """Name the target `name` in the copies of speculators' run.yaml and train_command.txt in
     `folder` (final/), which record --verifier-name-or-path as training got it: the local path
     (`local_path`), which stays in draftline_provenance.json only. Each file says so in a comment;
-    the command starts as `python -m draftline.train_entry` (speculators records sys.argv[0], the
+    the command starts as `python -m draftline.stages.train_entry` (speculators records sys.argv[0], the
     checkout's absolute path to the module); the rest is speculators' record as written (run.yaml
     re-dumped as speculators dumps it)."""
     note = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from draftline.train.settings import HiddenStateSource
+from draftline.stages.train.settings import HiddenStateSource
 
 log = logging.getLogger(__name__)
 
