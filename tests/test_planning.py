@@ -81,6 +81,26 @@ def test_settings_that_change_no_output_reach_the_jobs_in_objects_no_param_compa
     assert offline.outputs() == {"mode": "offline"} and offline.engine is None
 
 
+def test_the_rules_params_compare_what_changes_outputs_and_carry_the_rest(tiny_model, workdir):
+    """The params the rules take from the plan: a speed-only engine setting (max_num_seqs) changes
+    only the carried EngineSettings, an output setting (kv_cache_dtype) the compared values; the
+    extraction's split is compared for the vllm backend only; training carries its source."""
+    base = plan_for(config_for(tiny_model), workdir)
+    faster = plan_for(config_for(tiny_model, vllm={"max_num_seqs": 7}), workdir)
+    other = plan_for(config_for(tiny_model, vllm={"kv_cache_dtype": "fp8"}), workdir)
+    params = base.vllm_engine()
+    assert set(params) == {"engine", "engine_outputs", "planned"} and params["engine"] is base.engine
+    assert params["planned"] == {"device": "cpu", "dtype": "float32"}
+    assert faster.vllm_engine()["engine"] != params["engine"]
+    assert faster.vllm_engine()["engine_outputs"] == params["engine_outputs"]
+    assert other.vllm_engine()["engine_outputs"] != params["engine_outputs"]
+    assert "max_model_len" in params["engine_outputs"]
+    assert "max_model_len" not in base.vllm_engine(without=("max_model_len",))["engine_outputs"]
+    assert base.extraction_parallel("vllm") == base.vllm_parallel and base.extraction_parallel("transformers") == {}
+    train = base.hidden_state_params()
+    assert train == {"source": base.hidden_state_source, "hidden_states": {"mode": "offline"}}
+
+
 def test_a_slurm_executor_plans_cuda_for_its_nodes(tiny_model, workdir, capsys):
     plan = plan_for(config_for(tiny_model), workdir, executor="slurm", train=2)
     err = capsys.readouterr().err
