@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline_wall_time import stage_times  # noqa: E402
-from record_run import header, header_line, load, write_record  # noqa: E402
+from record_run import header, header_line, load, stage_times, write_record  # noqa: E402
 
 from draftline.artifacts.hidden_states import file_name, manifest_format, read_manifest, read_states  # noqa: E402
 

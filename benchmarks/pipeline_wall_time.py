@@ -12,19 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pandas as pd
-
-
-def stage_times(workdir: Path, folder: str = "results/benchmarks") -> pd.DataFrame:
-    rows = []
-    for tsv in sorted((workdir / folder).rglob("*.tsv")):
-        table = pd.read_csv(tsv, sep="\t")
-        job = str(tsv.relative_to(workdir / folder).with_suffix(""))
-        end = tsv.stat().st_mtime
-        seconds = float(table["s"].iloc[-1])
-        rows.append({"job": job, "seconds": seconds, "max_rss_mb": float(table["max_rss"].iloc[-1]),
-                     "start": end - seconds, "end": end})
-    return pd.DataFrame(rows)
+from record_run import header, header_line, stage_times, this_command, write_record
 
 
 def main() -> None:
@@ -46,8 +34,6 @@ def main() -> None:
     )
     print("\n".join(lines) + summary)
     if args.out:
-        from record_run import header, header_line, this_command, write_record
-
         record = {**header(this_command("python")), "jobs": times.drop(columns=["start", "end"]).to_dict("records"),
                   "wall_s": wall, "budget_min": args.budget_min}
         write_record(args.out, record, "\n".join(lines) + summary + "\n\n" + header_line(record))

@@ -21,8 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline_wall_time import stage_times
-from record_run import REPO, header, header_line, write_record
+from record_run import REPO, header, header_line, stage_times, write_record
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 

@@ -174,6 +174,22 @@ def table(acceptance: dict) -> str:
     return "\n".join(lines)
 
 
+def stage_times(workdir: Path, folder: str = "results/benchmarks"):
+    """A DataFrame of a run's jobs from Snakemake's per-job benchmark files (WORKDIR/FOLDER/**.tsv):
+    job, seconds, max_rss_mb, and start/end (from the files' modification times)."""
+    import pandas as pd  # only the records that read job times need it
+
+    rows = []
+    for tsv in sorted((workdir / folder).rglob("*.tsv")):
+        table = pd.read_csv(tsv, sep="\t")
+        job = str(tsv.relative_to(workdir / folder).with_suffix(""))
+        end = tsv.stat().st_mtime
+        seconds = float(table["s"].iloc[-1])
+        rows.append({"job": job, "seconds": seconds, "max_rss_mb": float(table["max_rss"].iloc[-1]),
+                     "start": end - seconds, "end": end})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workdir", type=Path)
@@ -182,7 +198,6 @@ def main() -> None:
     parser.add_argument("--loadavg", type=Path)
     parser.add_argument("--wall-s", type=float, help="the command's own wall time (e.g. from /usr/bin/time)")
     args = parser.parse_args()
-    from pipeline_wall_time import stage_times  # pandas: only this record needs it
 
     results = args.workdir / "results"
     acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
