@@ -149,6 +149,39 @@ def build_summary(
         "trainable_tokens": tokenized.get("trainable_tokens"), "max_seq_len": tokenized.get("max_seq_len"),
         "draft_vocab_size": vocab.get("draft_vocab_size"), "draft_vocab_coverage": vocab.get("coverage"),
     }
+    if regenerated:
+        data["generated_tokens"] = regenerated.get("generated_tokens")
+    sources = _sources(prompts, warnings)
+    truncation = _truncation(results, regenerated, tokenized, warnings)
+    training = _training(provenance, warnings)
+    accept = acceptance_table(acceptance) if acceptance else pd.DataFrame()
+    _acceptance_findings(accept, device, warnings, notes)
+    disk = disk_used(results)
+    times = wall_times(benchmarks)
+    return {
+        "run": run_name,
+        "target": target,
+        "device": device,
+        "data": data,
+        "sources": sources,
+        "truncation": truncation,
+        "training": training,
+        "hidden_state_fidelity": hidden_state_fidelity(provenance),
+        "acceptance": json.loads(accept.to_json(orient="records")) if not accept.empty else [],
+        "headline_set": (acceptance or {}).get("headline_set"),
+        "num_speculative_tokens": (acceptance or {}).get("num_speculative_tokens"),
+        "lossless": (acceptance or {}).get("lossless"),
+        "disk_bytes": dict(zip(disk["folder"], disk["bytes"].astype(int).tolist(), strict=True)),
+        "disk_bytes_total": int(disk["bytes"].sum()),
+        "wall_seconds": dict(zip(times["job"], times["seconds"].tolist(), strict=True)),
+        "wall_seconds_per_stage": times.groupby("stage")["seconds"].sum().sort_values(ascending=False).to_dict(),
+        "warnings": warnings,
+        "notes": notes,
+    }
+
+
+def _sources(prompts: dict, warnings: list[str]) -> list[dict]:
+    """Each prompt source's counts; a warning naming every source rows were left out of, and why."""
     sources = [
         {key: source.get(key) for key in ("path", "format", "rows_read", "kept", "duplicates", "rejected", "rejected_reasons")}
         for source in prompts.get("sources") or []
@@ -164,6 +197,12 @@ def build_summary(
             f"prompts.on_bad_row: skip left out {sum(s['rejected'] for s in rejected)} rows: {per_source}; each "
             "with its reason and fix in results/prompts/rejects.jsonl"
         )
+    return sources
+
+
+def _truncation(results: Path, regenerated: dict | None, tokenized: dict, warnings: list[str]) -> dict:
+    """Answers cut at regenerate.max_new_tokens (those cut while looping counted apart) and
+    conversations cut at tokenize.max_seq_len; a warning when too many answers were cut mid-thought."""
     truncation: dict = {}
     if regenerated:
         answers = regenerated.get("turns_generated") or 0
@@ -175,7 +214,6 @@ def build_summary(
         truncation["answers_cut_share"] = cut / answers if answers else None
         truncation["answers_cut_repeating"] = repeating
         truncation["max_new_tokens"] = max_new
-        data["generated_tokens"] = regenerated.get("generated_tokens")
         if answers and (cut - repeating) / answers > TRUNCATION_WARNING:
             warnings.append(
                 f"{(cut - repeating) / answers:.0%} of the regenerated answers ({cut - repeating} of {answers}) were cut at "
@@ -187,30 +225,38 @@ def build_summary(
         rows_in = tokenized.get("rows_in") or 0
         truncation["conversations_cut_at_max_seq_len"] = tokenized.get("rows_truncated")
         truncation["conversations_cut_share"] = (tokenized.get("rows_truncated") or 0) / rows_in if rows_in else None
+    return truncation
 
-    training = {}
-    if provenance:
-        training = {
-            "chosen_epoch": chosen_epoch(provenance), "epochs": provenance.get("epochs"),
-            "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
-            "device": provenance.get("device"), "world_size": provenance.get("world_size"),
-            "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
-            # samples the Trainer skipped without hidden states (online: the server gave none)
-            "skipped_samples": provenance.get("skipped_samples"),
-        }
-        skipped = training["skipped_samples"] or {}
-        if skipped.get("total"):
-            warnings.append(
-                f"speculators' Trainer skipped {skipped['total']} sample(s) without hidden states "
-                f"({skipped.get('training', 0)} in training, {skipped.get('validation', 0)} in validation; "
-                f"hidden_states.online_max_skipped_samples allows {skipped.get('allowed')}): the server gave none "
-                "for them, see logs/train.log (results/checkpoint/final/draftline_provenance.json)"
-            )
 
-    fidelity = hidden_state_fidelity(provenance)
+def _training(provenance: dict, warnings: list[str]) -> dict:
+    """What the published draft's training chose and measured; a warning for skipped samples."""
+    if not provenance:
+        return {}
+    training = {
+        "chosen_epoch": chosen_epoch(provenance), "epochs": provenance.get("epochs"),
+        "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
+        "device": provenance.get("device"), "world_size": provenance.get("world_size"),
+        "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
+        # samples the Trainer skipped without hidden states (online: the server gave none)
+        "skipped_samples": provenance.get("skipped_samples"),
+    }
+    skipped = training["skipped_samples"] or {}
+    if skipped.get("total"):
+        warnings.append(
+            f"speculators' Trainer skipped {skipped['total']} sample(s) without hidden states "
+            f"({skipped.get('training', 0)} in training, {skipped.get('validation', 0)} in validation; "
+            f"hidden_states.online_max_skipped_samples allows {skipped.get('allowed')}): the server gave none "
+            "for them, see logs/train.log (results/checkpoint/final/draftline_provenance.json)"
+        )
+    return training
 
-    accept = acceptance_table(acceptance) if acceptance else pd.DataFrame()
-    if not accept.empty and device == "cpu":
+
+def _acceptance_findings(accept: pd.DataFrame, device: str, warnings: list[str], notes: list[str]) -> None:
+    """A note for a speed-up below 1 on the CPU (nothing to act on there); a warning when the
+    trained draft accepts no more than the untrained one on the headline set."""
+    if accept.empty:
+        return
+    if device == "cpu":
         slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
         if len(slow):
             where = ", ".join(f"{row.speedup:.2f} on the {row.set} set" for row in slow.itertuples())
@@ -219,37 +265,13 @@ def build_summary(
                 "compute-bound and speculation cannot pay off; acceptance is what carries over to a GPU "
                 "(results/eval/acceptance.json)"
             )
-    if not accept.empty:
-        trained = accept[(accept["draft"] == "trained") & accept["headline"]]
-        untrained = accept[(accept["draft"] == "untrained") & accept["headline"]]
-        if len(trained) and len(untrained) and trained["mean_acceptance_length"].iloc[0] <= untrained["mean_acceptance_length"].iloc[0]:
-            warnings.append(
-                "the trained draft accepts no more than the untrained one on the headline set: more data or "
-                "epochs, or a look at the loss plot (results/eval/acceptance.json)"
-            )
-
-    disk = disk_used(results)
-    times = wall_times(benchmarks)
-    return {
-        "run": run_name,
-        "target": target,
-        "device": device,
-        "data": data,
-        "sources": sources,
-        "truncation": truncation,
-        "training": training,
-        "hidden_state_fidelity": fidelity,
-        "acceptance": json.loads(accept.to_json(orient="records")) if not accept.empty else [],
-        "headline_set": (acceptance or {}).get("headline_set"),
-        "num_speculative_tokens": (acceptance or {}).get("num_speculative_tokens"),
-        "lossless": (acceptance or {}).get("lossless"),
-        "disk_bytes": dict(zip(disk["folder"], disk["bytes"].astype(int).tolist(), strict=True)),
-        "disk_bytes_total": int(disk["bytes"].sum()),
-        "wall_seconds": dict(zip(times["job"], times["seconds"].tolist(), strict=True)),
-        "wall_seconds_per_stage": times.groupby("stage")["seconds"].sum().sort_values(ascending=False).to_dict(),
-        "warnings": warnings,
-        "notes": notes,
-    }
+    trained = accept[(accept["draft"] == "trained") & accept["headline"]]
+    untrained = accept[(accept["draft"] == "untrained") & accept["headline"]]
+    if len(trained) and len(untrained) and trained["mean_acceptance_length"].iloc[0] <= untrained["mean_acceptance_length"].iloc[0]:
+        warnings.append(
+            "the trained draft accepts no more than the untrained one on the headline set: more data or "
+            "epochs, or a look at the loss plot (results/eval/acceptance.json)"
+        )
 
 
 def hidden_state_fidelity(provenance: dict) -> dict | None:
