@@ -63,12 +63,11 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
 if step == "prompts":
-    from draftline.stages.prompts import build_prompts
+    from draftline.stages.prompts import PromptFiles, PromptsSettings, build_prompts
     out = root / "prompts-out"
-    summary = build_prompts([str(root / "plan" / "prompts.jsonl")], prompts_path=out / "prompts.jsonl",
-                            validation_path=out / "validation.jsonl", test_path=out / "test.jsonl",
-                            rejects_path=out / "rejects.jsonl", summary_path=out / "summary.json",
-                            validation=50, test=50)
+    files = PromptFiles(*(out / f"{name}.{ext}" for name, ext in (("prompts", "jsonl"), ("validation", "jsonl"),
+                                                                  ("test", "jsonl"), ("rejects", "jsonl"), ("summary", "json"))))
+    summary = build_prompts([str(root / "plan" / "prompts.jsonl")], files, PromptsSettings(validation=50, test=50))
     note = {"train": summary["train"]}
 elif step == "merge":
     from draftline.stages.regenerate import merge_shards

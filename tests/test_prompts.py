@@ -6,7 +6,12 @@ from pathlib import Path
 import pytest
 
 from draftline.sources import PromptError, check_sources, source_files
-from draftline.stages.prompts import build_prompts, collect_prompts
+from draftline.stages.prompts import PromptFiles, PromptsSettings, build_prompts, collect_prompts
+
+
+def collect(sources, **settings):
+    """collect_prompts with nothing held out unless asked (the schema holds out 50 + 50)."""
+    return collect_prompts(sources, PromptsSettings(**{"validation": 0, "test": 0, **settings}))
 
 DATA = Path(__file__).parent / "data" / "prompts"
 MESSAGES, SHAREGPT, PROMPT, ROWS_JSON = (
@@ -21,15 +26,9 @@ def read_jsonl(path):
 
 def build(tmp_path, sources, **settings):
     out = tmp_path / "out"
-    summary = build_prompts(
-        [str(s) for s in sources],
-        prompts_path=out / "prompts.jsonl",
-        validation_path=out / "validation.jsonl",
-        test_path=out / "test.jsonl",
-        rejects_path=out / "rejects.jsonl",
-        summary_path=out / "summary.json",
-        **settings,
-    )
+    files = PromptFiles(out / "prompts.jsonl", out / "validation.jsonl", out / "test.jsonl", out / "rejects.jsonl",
+                        out / "summary.json")
+    summary = build_prompts([str(s) for s in sources], files, PromptsSettings(**{"validation": 0, "test": 0, **settings}))
     assert json.loads((out / "summary.json").read_text()) == summary
     return (
         read_jsonl(out / "prompts.jsonl"),
@@ -117,8 +116,8 @@ def test_dataset_dict_folder_names_the_split(tmp_path):
     folder = tmp_path / "dd"
     datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "x"}])}).save_to_disk(str(folder))
     with pytest.raises(PromptError, match=r"dd/train"):
-        collect_prompts([str(folder)])
-    assert collect_prompts([str(folder / "train")]).summary["totals"]["kept"] == 1
+        collect([str(folder)])
+    assert collect([str(folder / "train")]).summary["totals"]["kept"] == 1
 
 
 def test_bad_row_in_dataset_names_the_row_index(tmp_path):
@@ -126,7 +125,7 @@ def test_bad_row_in_dataset_names_the_row_index(tmp_path):
     folder = tmp_path / "ds"
     datasets.Dataset.from_list([{"prompt": "fine"}, {"prompt": ""}]).save_to_disk(str(folder))
     with pytest.raises(PromptError, match=r"ds\[1\]: `prompt` has empty content"):
-        collect_prompts([str(folder)])
+        collect([str(folder)])
 
 
 def test_parquet_file(tmp_path):
@@ -148,10 +147,10 @@ def test_bad_parquet_row_names_file_row_and_key(tmp_path):
     path = tmp_path / "chats.parquet"
     datasets.Dataset.from_list([{"messages": SAME}, {"messages": [{"role": "robot", "content": "beep"}]}]).to_parquet(str(path))
     with pytest.raises(PromptError, match=r"chats\.parquet\[1\]: messages\[0\] has unknown role 'robot' \(fix: use system"):
-        collect_prompts([str(path)])
+        collect([str(path)])
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(PromptError, match=r"broken\.parquet: cannot be read as Parquet .*fix: rewrite it"):
-        collect_prompts([str(tmp_path / "broken.parquet")])
+        collect([str(tmp_path / "broken.parquet")])
 
 
 def cache_hub_dataset(cache: Path, repo_id: str, rows: list[dict], split: str = "train") -> None:
@@ -213,9 +212,9 @@ def test_hub_dataset_errors_name_the_source_and_the_fix(tmp_path, datasets_cache
         check_sources(["hf:acme"])
     cache_hub_dataset(datasets_cache, "acme/tiny-chats", [{"prompt": "fine"}, {"prompt": ""}])
     with pytest.raises(PromptError, match=r"hf:acme/tiny-chats:test: .*split='test'.* failed.*fix: name a cached split"):
-        collect_prompts(["hf:acme/tiny-chats:test"])
+        collect(["hf:acme/tiny-chats:test"])
     with pytest.raises(PromptError, match=r"hf:acme/tiny-chats\[1\]: `prompt` has empty content"):
-        collect_prompts(["hf:acme/tiny-chats"])
+        collect(["hf:acme/tiny-chats"])
 
 
 def test_every_format_is_counted_for_the_plan_as_the_prompts_job_reads_it(tmp_path, datasets_cache, monkeypatch):
@@ -250,19 +249,19 @@ def test_ids_are_stable_across_runs_and_formats(tmp_path):
     b = write(tmp_path, jsonl({"conversations": [{"from": "human", "value": "Name a prime number."},
                                                 {"from": "gpt", "value": "7"}]}), "b.jsonl")
     c = write(tmp_path, jsonl({"prompt": "Name a prime number.", "response": "7"}), "c.jsonl")
-    ids = {collect_prompts([p]).train[0]["id"] for p in (a, b, c)}
+    ids = {collect([p]).train[0]["id"] for p in (a, b, c)}
     assert len(ids) == 1
-    assert collect_prompts([a]).train[0]["id"] in ids  # a second run: same id
+    assert collect([a]).train[0]["id"] in ids  # a second run: same id
     # a different answer is a different conversation
     d = write(tmp_path, jsonl({"messages": [SAME[0], {"role": "assistant", "content": "11"}]}), "d.jsonl")
-    assert collect_prompts([d]).train[0]["id"] not in ids
+    assert collect([d]).train[0]["id"] not in ids
 
 
 def test_duplicates_removed_across_sources_keeping_the_first(tmp_path):
     first = write(tmp_path, jsonl({"messages": SAME}, {"prompt": "only here"}), "first.jsonl")
     second = write(tmp_path, jsonl({"prompt": "Name a prime number.", "response": "7"},
                                    {"messages": SAME}), "second.jsonl")
-    result = collect_prompts([first, second])
+    result = collect([first, second])
     assert len(result.train) == 2
     assert {r["source"] for r in result.train if r["messages"] == SAME} == {first}
     s = {src["path"]: src for src in result.summary["sources"]}
@@ -298,7 +297,7 @@ def test_bad_row_stops_with_file_line_and_fix(tmp_path, code):
     row, message = BAD_ROWS[code]
     path = write(tmp_path, jsonl(GOOD, {"prompt": "fine"}, row))
     with pytest.raises(PromptError, match=rf"^{path}:3: .*{message}.*\(fix: .+\)$"):
-        collect_prompts([path])
+        collect([path])
 
 
 @pytest.mark.parametrize(
@@ -313,15 +312,15 @@ def test_bad_row_stops_with_file_line_and_fix(tmp_path, code):
 def test_unreadable_line_stops_with_file_and_line(tmp_path, content, line, message):
     path = write(tmp_path, content)
     with pytest.raises(PromptError, match=rf"^{path}:{line}: {message}.*\(fix: .+\)$"):
-        collect_prompts([path])
+        collect([path])
 
 
 def test_final_assistant_turn_required_only_without_regeneration(tmp_path):
     path = write(tmp_path, jsonl(GOOD, {"messages": [SAME[0], SAME[1], {"role": "user", "content": "more?"}]}))
     with pytest.raises(PromptError, match=rf"{path}:2: .*ends with a user turn.*regenerate.enabled"):
-        collect_prompts([path], regenerate_enabled=False)
+        collect([path], regenerate_enabled=False)
     # with regeneration both endings are fine: the target writes the answers
-    assert len(collect_prompts([path], regenerate_enabled=True).train) == 2
+    assert len(collect([path], regenerate_enabled=True).train) == 2
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
@@ -336,7 +335,7 @@ def test_missing_or_empty_source_is_an_error_in_both_modes(tmp_path, mode):
         (str(tmp_path), "a folder that was not written by datasets.save_to_disk"),
     ]:
         with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
-            collect_prompts([good, bad], on_bad_row=mode)
+            collect([good, bad], on_bad_row=mode)
         with pytest.raises(PromptError, match=rf"^{bad}: {message}"):
             check_sources([good, bad], regenerate_enabled=True, on_bad_row=mode)
 
@@ -389,7 +388,7 @@ def test_the_plan_reads_a_json_list_from_its_head(tmp_path):
     assert Path(path).stat().st_size > 2 * 2**20  # the plan reads 1 MiB first
     check_sources([path])
     with pytest.raises(PromptError, match=rf"^{path}:1: malformed JSON"):
-        collect_prompts([path])
+        collect([path])
     first_bad = write(tmp_path, json.dumps([{"prompt": ""}, *rows]), "first_bad.json")
     with pytest.raises(PromptError, match=rf"^{first_bad}\[0\]: `prompt` has empty content"):
         check_sources([first_bad])
@@ -441,10 +440,10 @@ def test_a_source_whose_rows_are_all_rejected_stops_skip_mode_too(tmp_path):
                                           rf"skip leaves out bad rows, never a whole source. The first: {renamed}:1: none of the "
                                           r"fields messages, conversations, prompt \(the row has: text\) \(fix: .*; or remove the "
                                           r"source from prompts.sources\)$"):
-        collect_prompts([good, renamed], on_bad_row="skip")
+        collect([good, renamed], on_bad_row="skip")
     # some rows rejected: kept going, counted per source
     mixed = write(tmp_path, jsonl({"text": "x"}, GOOD, {"prompt": "fine"}), "mixed.jsonl")
-    summary = collect_prompts([mixed], on_bad_row="skip").summary
+    summary = collect([mixed], on_bad_row="skip").summary
     assert (summary["sources"][0]["rejected"], summary["sources"][0]["kept"]) == (1, 2)
 
 
@@ -457,8 +456,8 @@ def many(tmp_path, n, name="many.jsonl"):
 
 def test_validation_test_and_max_samples_disjoint_and_deterministic(tmp_path):
     path = many(tmp_path, 50)
-    a = collect_prompts([path], validation=6, test=4, max_samples=25, seed=3)
-    b = collect_prompts([path], validation=6, test=4, max_samples=25, seed=3)
+    a = collect([path], validation=6, test=4, max_samples=25, seed=3)
+    b = collect([path], validation=6, test=4, max_samples=25, seed=3)
     assert (a.train, a.validation, a.test) == (b.train, b.validation, b.test)
     train_ids = {r["id"] for r in a.train}
     val_ids = {r["id"] for r in a.validation}
@@ -469,17 +468,17 @@ def test_validation_test_and_max_samples_disjoint_and_deterministic(tmp_path):
     # shuffled, not the file order
     assert [r["messages"][0]["content"] for r in a.validation] != [f"question {i}" for i in range(6)]
     # the held-out sets do not depend on max_samples; another seed gives another split
-    assert collect_prompts([path], validation=6, test=4, seed=3).test == a.test
-    assert len(collect_prompts([path], validation=6, test=4, seed=3).train) == 40
-    assert {r["id"] for r in collect_prompts([path], validation=6, test=4, seed=4).validation} != val_ids
+    assert collect([path], validation=6, test=4, seed=3).test == a.test
+    assert len(collect([path], validation=6, test=4, seed=3).train) == 40
+    assert {r["id"] for r in collect([path], validation=6, test=4, seed=4).validation} != val_ids
 
 
 def test_a_larger_test_set_keeps_the_validation_set_and_never_takes_its_rows(tmp_path):
     """Settings chosen on the validation set stay honest: growing the test set takes rows
     after the validation set, never the ones choices were made on."""
     path = many(tmp_path, 50)
-    small = collect_prompts([path], validation=6, test=4, seed=3)
-    large = collect_prompts([path], validation=6, test=10, seed=3)
+    small = collect([path], validation=6, test=4, seed=3)
+    large = collect([path], validation=6, test=10, seed=3)
     assert large.validation == small.validation
     assert large.test[:4] == small.test
     assert not {r["id"] for r in large.test} & {r["id"] for r in small.validation}
@@ -497,7 +496,7 @@ def test_written_outputs_are_identical_across_runs(tmp_path):
 def test_held_out_sets_leaving_no_training_rows_is_an_error(tmp_path):
     path = many(tmp_path, 5)
     with pytest.raises(PromptError, match=r"prompts.validation \+ prompts.test is 3 \+ 2 but only 5"):
-        collect_prompts([path], validation=3, test=2)
+        collect([path], validation=3, test=2)
 
 
 def test_first_turns_of_a_prompt_set_in_any_format(tmp_path):

@@ -81,7 +81,7 @@ def test_summary_warns_only_where_it_applies(tiny_run, tmp_path):
 def test_summary_lists_rejected_rows_per_source(tmp_path):
     """prompts.on_bad_row: skip leaves rows out; the run's summary says how many of which source,
     and why, as a warning and in a table per source (read from results/prompts/summary.json)."""
-    from draftline.stages.prompts import build_prompts
+    from draftline.stages.prompts import PromptFiles, PromptsSettings, build_prompts
     from draftline.stages.summary import build_summary, to_markdown
 
     def source(name, rows):
@@ -92,9 +92,9 @@ def test_summary_lists_rejected_rows_per_source(tmp_path):
     clean = source("clean.jsonl", [{"prompt": f"question {i}"} for i in range(4)])
     scraped = source("scraped.jsonl", [{"prompt": "fine"}, {"text": "renamed"}, {"prompt": ""}, {"text": "again"}])
     results = tmp_path / "results"
-    build_prompts([clean, scraped], **{f"{name}_path": results / "prompts" / f"{name}.jsonl"
-                                       for name in ("prompts", "validation", "test", "rejects")},
-                  summary_path=results / "prompts/summary.json", on_bad_row="skip")
+    files = PromptFiles(*(results / "prompts" / f"{name}.jsonl" for name in ("prompts", "validation", "test", "rejects")),
+                        summary=results / "prompts/summary.json")
+    build_prompts([clean, scraped], files, PromptsSettings(validation=0, test=0, on_bad_row="skip"))
     summary = build_summary(results, run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
     assert [(s["path"], s["rows_read"], s["kept"], s["rejected"]) for s in summary["sources"]] == [
         (clean, 4, 4, 0), (scraped, 4, 1, 3)]

@@ -21,11 +21,12 @@ import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.artifacts import conversations as conversation_file
 from draftline.atomic import atomic_file
+from draftline.config_schema import default
 from draftline.sources import (
     BadRow,
     PromptError,
@@ -79,6 +80,42 @@ class SpooledRows(Sequence):
             yield self.encoded(i)
 
 
+@dataclass(frozen=True)
+class PromptsSettings:
+    """The prompts stage's settings: the `prompts:` block (and whether answers are regenerated,
+    which decides what a usable row is); defaults are the schema's."""
+
+    validation: int = default("prompts", "validation")
+    test: int = default("prompts", "test")
+    max_samples: int | None = default("prompts", "max_samples")
+    on_bad_row: str = default("prompts", "on_bad_row")
+    seed: int = default("prompts", "seed")
+    regenerate_enabled: bool = default("regenerate", "enabled")
+
+
+@dataclass(frozen=True)
+class PromptFiles:
+    """The stage's five outputs (rules/prompts.smk)."""
+
+    prompts: str | Path
+    validation: str | Path
+    test: str | Path
+    rejects: str | Path
+    summary: str | Path
+
+
+@dataclass
+class _Spool:
+    """The kept rows of every source, in a temporary file as they were read (memory holds their
+    offsets and sources, not the rows), with the rejects and each source's counts."""
+
+    file: object = field(default_factory=tempfile.TemporaryFile)  # deleted when closed
+    offsets: array = field(default_factory=lambda: array("q", [0]))  # row k is file[offsets[k]:offsets[k + 1]]
+    row_source: array = field(default_factory=lambda: array("l"))  # index into `sources` of row k
+    rejects: list[dict] = field(default_factory=list)
+    stats: dict[str, SourceStats] = field(default_factory=dict)
+
+
 @dataclass
 class Collected:
     train: Sequence[dict]
@@ -88,66 +125,65 @@ class Collected:
     summary: dict
 
 
-def collect_prompts(
-    sources: Sequence[str],
-    *,
-    on_bad_row: str = "stop",
-    validation: int = 0,
-    test: int = 0,
-    max_samples: int | None = None,
-    seed: int = 0,
-    regenerate_enabled: bool = True,
-) -> Collected:
+def collect_prompts(sources: Sequence[str], settings: PromptsSettings = PromptsSettings()) -> Collected:
     """Read every source, validate, de-duplicate, shuffle, split. Kept rows go to a temporary
-    spool file as they are read (memory holds their offsets and ids, not the rows); the splits
-    read them back from it in the shuffled order."""
-    if on_bad_row not in ("stop", "skip"):
-        raise PromptError(f"prompts.on_bad_row is {on_bad_row!r} (fix: use stop or skip)")
-    check_sources(sources, regenerate_enabled, rows=0)  # existence only; rows below
-    spool = tempfile.TemporaryFile()  # deleted when closed (or when the rows are dropped)
-    offsets = array("q", [0])  # row k is spool[offsets[k]:offsets[k + 1]]
-    row_source = array("l")  # index into `sources` of row k (for the per-source split counts)
-    rejects: list[dict] = []
-    stats: dict[str, SourceStats] = {}
+    spool file as they are read; the splits read them back from it in the shuffled order."""
+    if settings.on_bad_row not in ("stop", "skip"):
+        raise PromptError(f"prompts.on_bad_row is {settings.on_bad_row!r} (fix: use stop or skip)")
+    check_sources(sources, settings.regenerate_enabled, rows=0)  # existence only; rows below
+    spool = _Spool()
     seen: set[str] = set()
     for source_index, source in enumerate(sources):
-        st = stats[source] = SourceStats(source)
-        st.format, indexed, raw_rows = read_source(source)
-        for raw in raw_rows:
-            st.rows_read += 1
-            try:
-                if raw.error:
-                    raise raw.error
-                messages = normalize_row(raw.value, regenerate_enabled)
-            except BadRow as bad:
-                if on_bad_row == "stop":
-                    raise row_error(source, raw.line, indexed, bad) from None
-                st.rejected += 1
-                st.rejected_reasons[bad.code] += 1
-                rejects.append(
-                    {"source": source, "line": raw.line, "code": bad.code, "reason": bad.reason,
-                     "fix": bad.fix, "raw": raw.text}
-                )
-                continue
-            row_id = conversation_id(messages)
-            if row_id in seen:
-                st.duplicates += 1
-                continue
-            seen.add(row_id)
-            st.kept += 1
-            line = conversation_file.encode({"id": row_id, "source": source, "messages": messages}).encode("utf-8")
-            offsets.append(offsets[-1] + spool.write(line))
-            row_source.append(source_index)
-        _log_source(st)
-        if st.rows_read and st.rejected == st.rows_read:
-            first = next(r for r in rejects if r["source"] == source)
-            raise PromptError(
-                f"{source}: all {st.rows_read} rows were rejected ({_reasons(st)}); prompts.on_bad_row: skip "
-                f"leaves out bad rows, never a whole source. The first: {where(source, first['line'], indexed)}: "
-                f"{first['reason']} (fix: {first['fix']}; or remove the source from prompts.sources)"
-            )
+        _read_one(source, source_index, spool, seen, settings)
+    return _split(sources, spool, settings)
 
-    kept = len(row_source)
+
+def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], settings: PromptsSettings) -> None:
+    """One source's rows into the spool: validated (a bad row stops, or is counted and kept in
+    the rejects under on_bad_row: skip), de-duplicated against every row seen before."""
+    st = spool.stats[source] = SourceStats(source)
+    st.format, indexed, raw_rows = read_source(source)
+    for raw in raw_rows:
+        st.rows_read += 1
+        try:
+            if raw.error:
+                raise raw.error
+            messages = normalize_row(raw.value, settings.regenerate_enabled)
+        except BadRow as bad:
+            if settings.on_bad_row == "stop":
+                raise row_error(source, raw.line, indexed, bad) from None
+            st.rejected += 1
+            st.rejected_reasons[bad.code] += 1
+            spool.rejects.append(
+                {"source": source, "line": raw.line, "code": bad.code, "reason": bad.reason,
+                 "fix": bad.fix, "raw": raw.text}
+            )
+            continue
+        row_id = conversation_id(messages)
+        if row_id in seen:
+            st.duplicates += 1
+            continue
+        seen.add(row_id)
+        st.kept += 1
+        line = conversation_file.encode({"id": row_id, "source": source, "messages": messages}).encode("utf-8")
+        spool.offsets.append(spool.offsets[-1] + spool.file.write(line))
+        spool.row_source.append(source_index)
+    _log_source(st)
+    if st.rows_read and st.rejected == st.rows_read:
+        first = next(r for r in spool.rejects if r["source"] == source)
+        raise PromptError(
+            f"{source}: all {st.rows_read} rows were rejected ({_reasons(st)}); prompts.on_bad_row: skip "
+            f"leaves out bad rows, never a whole source. The first: {where(source, first['line'], indexed)}: "
+            f"{first['reason']} (fix: {first['fix']}; or remove the source from prompts.sources)"
+        )
+
+
+def _split(sources: Sequence[str], spool: _Spool, settings: PromptsSettings) -> Collected:
+    """The kept rows shuffled once (seeded) and split: validation, then test, then training (at
+    most max_samples), with each source's share of each split counted."""
+    validation, test, max_samples = settings.validation, settings.test, settings.max_samples
+    stats = spool.stats
+    kept = len(spool.row_source)
     if not kept:
         reasons = Counter()
         for st in stats.values():
@@ -166,16 +202,16 @@ def collect_prompts(
     # never changes them, and a run with a larger test set keeps the same validation set.
     # Shuffling the positions gives the permutation shuffling the rows themselves gave.
     order = list(range(kept))
-    random.Random(seed).shuffle(order)
+    random.Random(settings.seed).shuffle(order)
     val_pos, test_pos = order[:validation], order[validation : validation + test]
     train_pos = order[validation + test :]
     capped_pos = train_pos if max_samples is None else train_pos[:max_samples]
     for split, chosen in (("validation", val_pos), ("test", test_pos), ("train", capped_pos)):
         for k in chosen:
-            st = stats[sources[row_source[k]]]
+            st = stats[sources[spool.row_source[k]]]
             setattr(st, split, getattr(st, split) + 1)
-    spool.flush()
-    val_rows, test_rows, capped = (SpooledRows(spool, offsets, pos) for pos in (val_pos, test_pos, capped_pos))
+    spool.file.flush()
+    val_rows, test_rows, capped = (SpooledRows(spool.file, spool.offsets, pos) for pos in (val_pos, test_pos, capped_pos))
 
     per_source = [st.as_dict() for st in stats.values()]
     totals = {
@@ -193,9 +229,9 @@ def collect_prompts(
             "validation": validation,
             "test": test,
             "max_samples": max_samples,
-            "on_bad_row": on_bad_row,
-            "regenerate_enabled": regenerate_enabled,
-            "seed": seed,
+            "on_bad_row": settings.on_bad_row,
+            "regenerate_enabled": settings.regenerate_enabled,
+            "seed": settings.seed,
         },
     }
     log.info(
@@ -204,7 +240,7 @@ def collect_prompts(
         totals["rows_read"], totals["kept"], totals["duplicates"], totals["rejected"],
         len(capped), len(val_rows), len(test_rows), summary["over_max_samples"], max_samples,
     )
-    return Collected(capped, val_rows, test_rows, rejects, summary)
+    return Collected(capped, val_rows, test_rows, spool.rejects, summary)
 
 
 def _log_source(st: SourceStats) -> None:
@@ -220,31 +256,14 @@ def _reasons(st: SourceStats) -> str:
     return ", ".join(f"{code}: {n}" for code, n in sorted(st.rejected_reasons.items()))
 
 
-def build_prompts(
-    sources: Sequence[str],
-    *,
-    prompts_path: str | Path,
-    validation_path: str | Path,
-    test_path: str | Path,
-    rejects_path: str | Path,
-    summary_path: str | Path,
-    on_bad_row: str = "stop",
-    validation: int = 0,
-    test: int = 0,
-    max_samples: int | None = None,
-    seed: int = 0,
-    regenerate_enabled: bool = True,
-) -> dict:
+def build_prompts(sources: Sequence[str], files: PromptFiles, settings: PromptsSettings = PromptsSettings()) -> dict:
     """The prompts stage: collect, then publish the five outputs (summary last). Returns the summary."""
-    result = collect_prompts(
-        sources, on_bad_row=on_bad_row, validation=validation, test=test, max_samples=max_samples,
-        seed=seed, regenerate_enabled=regenerate_enabled,
-    )
-    conversation_file.write_encoded(prompts_path, result.train.lines())
-    conversation_file.write_encoded(validation_path, result.validation.lines())
-    conversation_file.write_encoded(test_path, result.test.lines())
-    conversation_file.write(rejects_path, result.rejects)
-    with atomic_file(summary_path, encoding="utf-8") as out:
+    result = collect_prompts(sources, settings)
+    conversation_file.write_encoded(files.prompts, result.train.lines())
+    conversation_file.write_encoded(files.validation, result.validation.lines())
+    conversation_file.write_encoded(files.test, result.test.lines())
+    conversation_file.write(files.rejects, result.rejects)
+    with atomic_file(files.summary, encoding="utf-8") as out:
         json.dump(result.summary, out, indent=1, ensure_ascii=False)
         out.write("\n")
     return result.summary
