@@ -196,11 +196,11 @@ def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
 
     def line(plan_now):
         measured = report_file.measured_rates(tmp_path / "report.json", plan_now)
-        return sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None), measured)
+        return sizing.for_config(config, sizing.SizedTarget("local", tmp_path), "cuda", 1, (1000, None), measured)
 
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 4096,
         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}))
-    assumed = sizing.for_config(config, "local", tmp_path, "cuda", 1, (1000, None))
+    assumed = sizing.for_config(config, sizing.SizedTarget("local", tmp_path), "cuda", 1, (1000, None))
     assert "no preflight rates (no preflight report)" in assumed
     measured = line(plan_made)
     assert "measured by this run's preflight" in measured and "regeneration 400 tok/s (4 prompts at once" in measured

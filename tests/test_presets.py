@@ -113,7 +113,7 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
 
     def line(target_kind="embedded", target_dir=tmp_path, device="cpu", summary=None):
         planned = sizing.planned_training_rows(config, summary)
-        return sizing.for_config(config, target_kind, target_dir, device, 1, planned)
+        return sizing.for_config(config, sizing.SizedTarget(target_kind, target_dir), device, 1, planned)
 
     assert re.search(r"sizing for SmolLM2-135M on cpu: 450 training conversations x", line()), line()
 
@@ -151,10 +151,10 @@ def test_the_moe_recipe_runs_expert_parallel_and_its_sizing_says_so(tmp_path):
         "moe_intermediate_size": 128}))
     config = {"vllm": {"enable_expert_parallel": True}}
     validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
-    text = sizing.for_config(config, "local", target, "cuda", 1, (100, None), target_name="tiny-moe")
+    text = sizing.for_config(config, sizing.SizedTarget("local", target, "tiny-moe"), "cuda", 1, (100, None))
     assert "MoE with expert parallelism on (vllm.enable_expert_parallel)" in text, text
     config["vllm"]["enable_expert_parallel"] = False
-    assert "expert parallelism off" in sizing.for_config(config, "local", target, "cuda", 1, (100, None))
+    assert "expert parallelism off" in sizing.for_config(config, sizing.SizedTarget("local", target), "cuda", 1, (100, None))
 
 
 def _recipe_workdir(workdir, preset, model, **changes):

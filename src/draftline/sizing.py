@@ -272,20 +272,30 @@ def planned_training_rows(config: dict, prompts_summary: str | Path | None = Non
     return (rows if cap is None else min(rows, int(cap))), None
 
 
-def for_config(config: dict, target_kind: str, target_dir: str | Path, device: str, train_gpus: int,
+@dataclass(frozen=True)
+class SizedTarget:
+    """What sizing reads of the target: its kind (local, hub, embedded), the folder holding its
+    config.json, and the name the line gives it (else the folder's name, which for a cached hub
+    snapshot is a commit)."""
+
+    kind: str
+    dir: str | Path
+    name: str | None = None
+
+
+def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
                planned: tuple[int | None, str | None],
-               measured: tuple[dict | None, str] = (None, "no preflight report"),
-               target_name: str | None = None) -> str:
+               measured: tuple[dict | None, str] = (None, "no preflight report")) -> str:
     """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
     it waits for: the target's config.json (a hub model still to download) or the count of
     training conversations (a source that cannot be counted cheaply, without prompts.max_samples).
     `measured` is `artifacts.preflight.measured_rates`' answer: the preflight's rates (and where
-    from), or None and why there are none; the line says which rates it used. `target_name` names
-    the target in the line (else its folder's name, which for a cached hub snapshot is a commit)."""
+    from), or None and why there are none; the line says which rates it used."""
+    target_dir = target.dir
     config_json = Path(target_dir) / "config.json"
     if config_json.is_file():
-        shape = shape_of(config_json, target_name)
-    elif target_kind == "embedded":
+        shape = shape_of(config_json, target.name)
+    elif target.kind == "embedded":
         shape = SMOLLM2_135M
     else:
         return (f"no sizing estimate before the first job: the target's config.json is not in {target_dir} "
