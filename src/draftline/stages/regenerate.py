@@ -521,23 +521,7 @@ def regenerate_shard(
     rows = shard_rows(num_rows, shard, num_shards)
     staging = Staging(staging_root or out_dir.parent / ".staging", key)
     staging.prepare()
-    chunks = staging.chunks(rows)
-
-    # Staged ids against the prompts file, streamed; what no valid chunk holds is to answer.
-    staged_id = {i: (c, rid) for c in chunks for i, rid in zip(range(c.start, c.stop), c.ids, strict=True) if i in rows}
-    bad: dict[int, str] = {}
-    count = 0
-    for i, row in zip(rows, islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)):
-        count += 1
-        if i in staged_id and staged_id[i][1] != row["id"]:
-            bad.setdefault(id(staged_id[i][0]), f"{staged_id[i][0].meta_path}: row {i} is {staged_id[i][1]!r}, "
-                                                 f"the prompts file has {row['id']!r}")
-    if count != len(rows):
-        raise ValueError(f"{conversations_path}: has fewer rows than {settings_path} says ({num_rows}); rerun regenerate_settings")
-    for chunk in [c for c in chunks if id(c) in bad]:
-        staging.discard(chunk, bad[id(chunk)])
-    chunks = [c for c in chunks if id(c) not in bad]
-    staged = {i: c.stats[i - c.start] for c in chunks for i in range(c.start, c.stop) if i in rows}
+    staged = _still_staged(staging, rows, conversations_path, f"{settings_path} says ({num_rows})")
     todo = [i for i in rows if i not in staged]
     log.info(
         "shard %d/%d: conversations %d..%d of %d (%d); %d already answered in %s, %d to answer; %s",
@@ -545,33 +529,18 @@ def regenerate_shard(
     )
 
     progress = _Progress(len(rows), staged.values())
-    load_seconds = 0.0
+    load_seconds = seconds = 0.0
     if todo:
-        chat_template = _chat_template(settings)
         own = llm is None
         load_started = time.monotonic()
         llm = llm or target_llm(target_dir, settings)
         load_seconds = time.monotonic() - load_started
         log.info("target %s loaded in %.1f s", target_dir, load_seconds)
         progress.started = time.monotonic()
-        todo_set = set(todo)
-        # Stream the prompts again, one chunk of conversations in memory at a time.
-        pending: list[tuple[int, _Conversation]] = []
-        prompt_rows = islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)
-        for i, row in zip(rows, prompt_rows):
-            if i not in todo_set:
-                continue
-            if pending and (len(pending) == settings.chunk_conversations or i != pending[-1][0] + 1):
-                _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
-                pending = []
-            pending.append((i, parse_conversation(row, f"{conversations_path} (row {i + 1})")))
-        if pending:
-            _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
+        _answer_rows(llm, conversations_path, rows, set(todo), settings, staging, progress)
         seconds = time.monotonic() - progress.started
         if own:
             shutdown(llm)
-    else:
-        seconds = 0.0
 
     # Publish: every chunk's rows of this shard, in order, checked against the staged ids.
     chunks = staging.chunks(rows)
@@ -591,6 +560,43 @@ def regenerate_shard(
     log.info("published %s: %d rows (%d answered now, %d from staging)", out_dir, stats["rows_out"], len(todo), summary["reused"])
     _log_summary(stats, settings.max_new_tokens)
     return summary
+
+
+def _still_staged(staging: Staging, rows: range, conversations_path: str | Path, expected: str) -> dict[int, dict]:
+    """Row -> its stats, for the rows of `rows` a staged chunk holds whose ids still match the
+    prompts file (streamed); a chunk holding another id is discarded, saying which row differs."""
+    chunks = staging.chunks(rows)
+    staged_id = {i: (c, rid) for c in chunks for i, rid in zip(range(c.start, c.stop), c.ids, strict=True) if i in rows}
+    bad: dict[int, str] = {}
+    count = 0
+    for i, row in zip(rows, islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)):
+        count += 1
+        if i in staged_id and staged_id[i][1] != row["id"]:
+            bad.setdefault(id(staged_id[i][0]), f"{staged_id[i][0].meta_path}: row {i} is {staged_id[i][1]!r}, "
+                                                 f"the prompts file has {row['id']!r}")
+    if count != len(rows):
+        raise ValueError(f"{conversations_path}: has fewer rows than {expected}; rerun regenerate_settings")
+    for chunk in [c for c in chunks if id(c) in bad]:
+        staging.discard(chunk, bad[id(chunk)])
+    return {i: c.stats[i - c.start] for c in chunks if id(c) not in bad for i in range(c.start, c.stop) if i in rows}
+
+
+def _answer_rows(llm, conversations_path, rows: range, todo: set[int], settings: RegenerateSettings,
+                 staging: Staging, progress: _Progress) -> None:
+    """Answer the `todo` rows of `rows`, streaming the prompts file again: one chunk of
+    consecutive conversations in memory at a time, each staged once answered."""
+    chat_template = _chat_template(settings)
+    pending: list[tuple[int, _Conversation]] = []
+    prompt_rows = islice(conversation_file.iter_rows(conversations_path), rows.start, rows.stop)
+    for i, row in zip(rows, prompt_rows):
+        if i not in todo:
+            continue
+        if pending and (len(pending) == settings.chunk_conversations or i != pending[-1][0] + 1):
+            _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
+            pending = []
+        pending.append((i, parse_conversation(row, f"{conversations_path} (row {i + 1})")))
+    if pending:
+        _answer_and_stage(llm, pending, settings, chat_template, staging, progress)
 
 
 def _answer_and_stage(llm, pending, settings, chat_template, staging: Staging, progress: _Progress) -> None:
