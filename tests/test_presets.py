@@ -318,3 +318,33 @@ def test_the_device_a_plan_is_for():
     assert cluster_device("cpu", True, True, "slurm") == "cpu"
     with pytest.raises(PlanError, match=r"^device: cpu with the slurm executor: .* --config device=cpu cpu_on_cluster=True"):
         cluster_device("cpu", True, False, "slurm")
+
+
+def test_the_cpu_estimate_bounds_the_embedded_defaults_recorded_stage_times(monkeypatch):
+    """The dry run's sizing is what a user budgets by, so it must bound: for the default config
+    (the embedded target on the CPU), each stage's recorded wall time (the fresh-clone run in
+    benchmarks/results/default_acceptance.json, idle machine) is under the plan's estimate of one
+    of its jobs. Evaluation is priced at speculative-decoding rates and counts the named sets."""
+    import json
+
+    from snakemake.utils import validate
+
+    from draftline import sizing
+
+    monkeypatch.chdir(REPO)  # the config's relative paths (the prompts, the named sets)
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
+    rows, why_not = sizing.planned_training_rows(config)
+    assert rows, why_not
+    plan = sizing.plan_from_config(config, rows, 1, "cpu")
+    assert plan.eval_prompts > config["prompts"]["validation"] + config["prompts"]["test"]  # the named sets count
+    per_job = {stage: hours * 3600 for stage, hours in sizing.estimate(sizing.SMOLLM2_135M, plan, "cpu")["wall_hours"].items()}
+    recorded = json.loads((REPO / "benchmarks/results/default_acceptance.json").read_text())["stage_seconds"]
+    measured = {
+        "regeneration": max(s for job, s in recorded.items() if job.startswith("regenerate/shard_")),
+        "extraction": max(s for job, s in recorded.items() if job.startswith("hidden_states/shard_")),
+        "training": recorded["train"],
+        "evaluation": recorded["evaluate"],
+    }
+    over = {stage: (seconds, round(per_job[stage])) for stage, seconds in measured.items() if seconds > per_job[stage]}
+    assert not over, f"recorded seconds over the plan's estimate (recorded, estimate): {over}"

@@ -39,6 +39,13 @@ LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache
 START_S = 12.0  # measured: imports before the load, per job
 # CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): measured rates and its FLOPs/token
 CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
+# Evaluation's rate with each draft over the target alone's (speculative decoding's speed-up).
+# CPU, measured: the embedded default's evaluation, the lowest over its sets, rounded down (trained
+# 0.439-0.535, untrained 0.322; benchmarks/results/default_acceptance.md): on the CPU decoding is
+# compute-bound and the draft's and the verification's work costs more than it saves.
+# CUDA, assumed (no vLLM on the GPU machine): a trained draft no slower than the target alone; an
+# untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
+SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ class Plan:
     max_seq_len: int
     max_new_tokens: int
     epochs: int
-    eval_prompts: int
+    eval_prompts: int  # every evaluated set's prompts: validation, test and the named sets
     eval_new_tokens: int
     aux_layers: int = 3
     dtype_bytes: int = 2
@@ -133,6 +140,7 @@ class Plan:
     train_gpus: int = 1
     regenerate_shards: int = 1
     hidden_state_shards: int = 1
+    eval_headline_prompts: int | None = None  # the set the untrained draft is measured on (None: all)
 
 
 def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None) -> dict:
@@ -168,8 +176,7 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         "regeneration": generated / decode,
         "extraction": tokens / extract,
         "training": plan.epochs * tokens / train,
-        # three engines (target alone, trained, untrained draft) on the held-out prompts
-        "evaluation": 3 * plan.eval_prompts * plan.eval_new_tokens / decode,
+        "evaluation": _evaluation_work(plan, decode, SPECULATIVE_SPEEDUP[device if device == "cpu" else "cuda"]),
     }
     jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
     gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
@@ -195,13 +202,25 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     }
 
 
+def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> float:
+    """One-device seconds of the evaluate job: the target alone and the trained draft on every
+    set, the untrained draft on the headline set only (draftline.stages.evaluate), every answer
+    at evaluate.max_new_tokens, each draft at its speculative-decoding rate."""
+    headline = plan.eval_prompts if plan.eval_headline_prompts is None else plan.eval_headline_prompts
+    tokens = plan.eval_new_tokens
+    return tokens * (plan.eval_prompts / decode + plan.eval_prompts / (decode * speedup["trained"])
+                     + headline / (decode * speedup["untrained"]))
+
+
 def _basis(device: str, measured: dict | None) -> str:
     if not measured:
         return (
             "H200: extraction and training measured on the 8B shape, scaled by FLOPs per token; "
-            "regeneration and evaluation assumed (0.3 of the matmul rate, not measured)"
+            "regeneration and evaluation assumed (0.3 of the matmul rate, not measured; speculative decoding "
+            "assumed no slower than the target alone with a trained draft)"
             if device == "cuda" else
-            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token"
+            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token; evaluation at the "
+            "speculative-decoding rates measured on it"
         )
     figures = []
     if "regeneration_tokens_per_s" in measured:
@@ -231,12 +250,14 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
     if dtype == "auto":  # draftline.plan: float32 on the CPU, bfloat16 on CUDA
         dtype = "float32" if device == "cpu" else "bfloat16"
     prompts = config["prompts"]
+    held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
     return Plan(
         conversations=conversations,
         max_seq_len=config["tokenize"]["max_seq_len"],
         max_new_tokens=config["regenerate"]["max_new_tokens"],
         epochs=config["train"]["epochs"],
-        eval_prompts=(prompts["validation"] or 0) + (prompts["test"] or 0),
+        eval_prompts=held_out + named_set_prompts(config["evaluate"]),
+        eval_headline_prompts=prompts["test"] or prompts["validation"] or 0,
         eval_new_tokens=config["evaluate"]["max_new_tokens"],
         aux_layers=3 if aux == "auto" else len(aux),
         dtype_bytes=DTYPE_BYTES.get(dtype, 2),
@@ -247,6 +268,21 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         regenerate_shards=config["regenerate"]["shards"],
         hidden_state_shards=config["hidden_states"]["shards"],
     )
+
+
+def named_set_prompts(evaluate: dict) -> int:
+    """The prompts evaluation reads from the named sets (evaluate.prompt_sets), each capped at
+    evaluate.max_prompts; a set that cannot be counted cheaply counts as its cap (or 0 without one:
+    the plan checked its first rows, the job reads it)."""
+    from draftline.sources import count_rows
+
+    cap = evaluate.get("max_prompts")
+    total = 0
+    for path in (evaluate.get("prompt_sets") or {}).values():
+        rows, _ = count_rows([str(path)])
+        rows = cap if rows is None else rows
+        total += min(rows, cap) if rows is not None and cap is not None else rows or 0
+    return total
 
 
 def planned_training_rows(config: dict, prompts_summary: str | Path | None = None) -> tuple[int | None, str | None]:
@@ -353,7 +389,8 @@ def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: floa
         "|---|---|---|---|---|---|---|",
     ]
     for shape, gpus in ((LLAMA_8B, 1), (LLAMA_70B, 4), (QWEN3_235B, 8)):
-        plan = Plan(conversations, seq_len, int(seq_len * new_tokens_share), 1, 100, 128, gpus_per_vllm_job=gpus)
+        plan = Plan(conversations, seq_len, int(seq_len * new_tokens_share), 1, 100, 128, gpus_per_vllm_job=gpus,
+                    eval_headline_prompts=50)
         est = estimate(shape, plan)
         h, r = est["device_hours"], est["rates_tokens_per_s"]
         rows.append(
