@@ -3,7 +3,7 @@ by the stages' own code (see draftline.preflight)."""
 
 from draftline.devices import claim_gpus
 from draftline.logs import log_to
-from draftline.preflight import PreflightSettings, run_regenerate
+from draftline.preflight import Part, PreflightSettings, RegenerationStages, run_regenerate
 from draftline.stages.evaluate import EvaluateSettings
 from draftline.stages.regenerate import RegenerateSettings
 from draftline.stages.tokenize import TokenizeSettings
@@ -15,33 +15,32 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     # the run's vLLM settings (draftline.engine.engine_settings) with the job's threads
     template = dict(chat_template=p.chat_template, chat_template_kwargs=p.chat_template_kwargs, threads=snakemake.threads)
     run_regenerate(
-        str(p.target_dir),
+        Part(str(p.target_dir), snakemake.input.environment, snakemake.output[0], snakemake.log[0]),
         snakemake.input.prompts,
-        snakemake.input.environment,
-        snakemake.output[0],
-        p.engine.stage(
-            RegenerateSettings,
-            max_new_tokens=p.regenerate["max_new_tokens"],
-            temperature=p.regenerate["temperature"],
-            top_p=p.regenerate["top_p"],
-            seed=p.regenerate["seed"],
-            **template,
-        ),
-        p.engine.stage(
-            EvaluateSettings,
-            num_speculative_tokens=p.evaluate["num_speculative_tokens"],
-            max_new_tokens=p.evaluate["max_new_tokens"],
-            seed=p.evaluate["seed"],
-            **template,
-        ),
-        TokenizeSettings(
-            max_seq_len=p.max_seq_len,
-            min_trainable_tokens=p.min_trainable_tokens,
-            trust_remote_code=p.trust_remote_code,
-            chat_template=p.chat_template,
-            chat_template_kwargs=p.chat_template_kwargs,
+        RegenerationStages(
+            p.engine.stage(
+                RegenerateSettings,
+                max_new_tokens=p.regenerate["max_new_tokens"],
+                temperature=p.regenerate["temperature"],
+                top_p=p.regenerate["top_p"],
+                seed=p.regenerate["seed"],
+                **template,
+            ),
+            p.engine.stage(
+                EvaluateSettings,
+                num_speculative_tokens=p.evaluate["num_speculative_tokens"],
+                max_new_tokens=p.evaluate["max_new_tokens"],
+                seed=p.evaluate["seed"],
+                **template,
+            ),
+            TokenizeSettings(
+                max_seq_len=p.max_seq_len,
+                min_trainable_tokens=p.min_trainable_tokens,
+                trust_remote_code=p.trust_remote_code,
+                chat_template=p.chat_template,
+                chat_template_kwargs=p.chat_template_kwargs,
+            ),
+            enabled=p.regenerate["enabled"],
         ),
         PreflightSettings(**p.preflight),
-        regenerate_enabled=p.regenerate["enabled"],
-        log_hint=snakemake.log[0],
     )

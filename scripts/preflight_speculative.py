@@ -3,7 +3,7 @@ decoding, lossless against the target's greedy outputs (see draftline.preflight)
 
 from draftline.devices import claim_gpus
 from draftline.logs import log_to
-from draftline.preflight import run_speculative
+from draftline.preflight import Part, run_speculative
 from draftline.stages.evaluate import EvaluateSettings
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -11,10 +11,8 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     p = snakemake.params
     run_speculative(
-        str(p.target_dir),
-        snakemake.input.regenerate,
+        Part(str(p.target_dir), snakemake.input.regenerate, snakemake.output[0], snakemake.log[0]),
         snakemake.input.config,
-        snakemake.output[0],
         p.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
             EvaluateSettings,
             num_speculative_tokens=p.evaluate["num_speculative_tokens"],
@@ -26,5 +24,4 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         ),
         draft_vocab_size=p.draft_vocab_size,
         trust_remote_code=p.trust_remote_code,
-        log_hint=snakemake.log[0],
     )

@@ -87,6 +87,27 @@ class PreflightSettings:
     rows: int = default("preflight", "rows")  # of those: extracted, decoded with the draft
 
 
+@dataclass(frozen=True)
+class Part:
+    """Where one preflight part works: the target it loads, the folder of the part it follows
+    (whose checks decide what this one can run), its own folder, and the log its errors point to."""
+
+    target_dir: str | Path
+    upstream_dir: str | Path
+    out_dir: str | Path
+    log_hint: str = "the job's log"
+
+
+@dataclass(frozen=True)
+class RegenerationStages:
+    """The run's own settings of the stages the regeneration part goes through."""
+
+    regenerate: object  # RegenerateSettings
+    evaluate: object  # EvaluateSettings
+    tokenize: object  # TokenizeSettings
+    enabled: bool = True  # regenerate.enabled: false trains the dataset's answers
+
+
 def _one_line(error: BaseException, limit: int = 700) -> str:
     text = " ".join(f"{type(error).__name__}: {error}".split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -506,91 +527,70 @@ def first_rows(path: str | Path, n: int) -> list[dict]:
     return rows
 
 
-def run_regenerate(
-    target_dir: str | Path, prompts_path: str | Path, environment_dir: str | Path, out_dir: str | Path,
-    regenerate_settings, evaluate_settings, tokenize_settings, preflight: PreflightSettings,
-    regenerate_enabled: bool = True, log_hint: str = "the job's log",
-) -> dict:
-    """The regeneration part: load the target as regeneration does, answer the first
-    `preflight.prompts` prompts, decode the first `preflight.rows` greedily (the reference),
-    tokenize their conversations. Writes prompts.jsonl, conversations.jsonl, reference.json and
-    tokenized/ into `out_dir`."""
+def run_regenerate(part: Part, prompts_path: str | Path, stages: RegenerationStages, preflight: PreflightSettings) -> dict:
+    """The regeneration part (after the environment part): load the target as regeneration does,
+    answer the first `preflight.prompts` prompts, decode the first `preflight.rows` greedily (the
+    reference), tokenize their conversations. Writes prompts.jsonl, conversations.jsonl,
+    reference.json and tokenized/ into the part's folder."""
     from draftline.engine import shutdown, target_llm
-    from draftline.stages import evaluate, regenerate
+    from draftline.stages import regenerate
     from draftline.stages import tokenize as tokenization
 
-    out = Path(out_dir)
+    out, settings = Path(part.out_dir), stages.regenerate
     out.mkdir(parents=True, exist_ok=True)
     names = [LOAD, REGENERATION, REFERENCE, TOKENIZATION]
-    upstream = _upstream(environment_dir, "environment")
+    upstream = _upstream(part.upstream_dir, "environment")
     if upstream:
         return write_part(out, "regenerate", _skip_all(names, f"the environment check failed ({'; '.join(upstream)})"))
     rows = first_rows(prompts_path, preflight.prompts)
     if not rows:
         raise ValueError(f"{prompts_path}: no training prompts to check the run with")
     conversation_file.write(out / "prompts.jsonl", rows)
-    checks, measured = [], {"prompts": len(rows), "gpus_per_job": regenerate_settings.ranks}
+    checks, measured = [], {"prompts": len(rows), "gpus_per_job": settings.ranks}
     engine: dict = {}
 
     def load() -> Check:
         t0 = time.monotonic()
         # stats on: evaluation's counters (read by the greedy reference below) need them; no output changes
-        engine["llm"] = target_llm(target_dir, regenerate_settings, disable_log_stats=False)
+        engine["llm"] = target_llm(part.target_dir, settings, disable_log_stats=False)
         seconds = measured["regeneration_load_seconds"] = round(time.monotonic() - t0, 1)
-        return passed(LOAD, f"loaded in {seconds:.1f} s ({regenerate_settings.dtype}, tensor x pipeline parallel "
-                            f"{regenerate_settings.tensor_parallel_size} x {regenerate_settings.pipeline_parallel_size})")
+        return passed(LOAD, f"loaded in {seconds:.1f} s ({settings.dtype}, tensor x pipeline parallel "
+                            f"{settings.tensor_parallel_size} x {settings.pipeline_parallel_size})")
 
-    checks.append(_attempt(LOAD, load, log_hint))
+    checks.append(_attempt(LOAD, load, part.log_hint))
     if "llm" not in engine:
         checks += _skip_all(names[1:], f"the target did not load ('{LOAD}')")
         return write_part(out, "regenerate", checks, measured)
-    llm = engine["llm"]
+    llm = engine.pop("llm")
     conversations = out / "conversations.jsonl"
 
     def answer() -> Check:
-        summary = regenerate.regenerate(target_dir, out / "prompts.jsonl", conversations, out / "regenerate_summary.json",
-                                        regenerate_settings, llm=llm)
+        summary = regenerate.regenerate(part.target_dir, out / "prompts.jsonl", conversations,
+                                        out / "regenerate_summary.json", settings, llm=llm)
         rate = measured["regeneration_tokens_per_s"] = summary["tokens_per_second"]
         cut = summary["answers_truncated"]
         return passed(REGENERATION, (
             f"{summary['rows_out']} of {len(rows)} prompts answered, {summary['generated_tokens']:,} tokens at "
             f"{rate:,.1f} tok/s ({len(rows)} at once); {cut} of {summary['turns_generated']} answers cut at "
-            f"regenerate.max_new_tokens {regenerate_settings.max_new_tokens}"
+            f"regenerate.max_new_tokens {settings.max_new_tokens}"
         ), **{k: summary[k] for k in ("rows_out", "generated_tokens", "answers_truncated", "seconds")})
 
-    if regenerate_enabled:
-        checks.append(_attempt(REGENERATION, answer, log_hint))
+    if stages.enabled:
+        checks.append(_attempt(REGENERATION, answer, part.log_hint))
     else:
         conversation_file.write(conversations, rows)
         checks.append(not_run(REGENERATION, "regenerate.enabled is false: the dataset's answers are trained"))
-
-    def reference() -> Check:
-        chat_template = Path(evaluate_settings.chat_template).read_text() if evaluate_settings.chat_template else None
-        prompts = evaluate.read_prompts(out / "prompts.jsonl", preflight.rows)
-        prompts, skipped = evaluate.fitting_prompts(llm.get_tokenizer(), prompts, evaluate_settings, chat_template)
-        if not prompts:
-            raise ValueError(f"no prompt fits max_model_len={evaluate_settings.max_model_len} with "
-                             f"evaluate.max_new_tokens {evaluate_settings.max_new_tokens}")
-        run = evaluate.timed_generate(llm, prompts, evaluate_settings, chat_template)
-        record = {"prompts": [{"id": p.id, "messages": p.messages} for p in prompts], "token_ids": run["token_ids"],
-                  "skipped": skipped, "max_new_tokens": evaluate_settings.max_new_tokens}
-        with atomic_file(out / "reference.json") as f:
-            f.write(json.dumps(record) + "\n")
-        measured["greedy_tokens_per_s"] = run["output_tokens_per_s"]
-        return passed(REFERENCE, f"{len(prompts)} prompts x <= {evaluate_settings.max_new_tokens} tokens, "
-                                 f"{run['output_tokens']:,} tokens at {run['output_tokens_per_s']} tok/s")
-
-    checks.append(_attempt(REFERENCE, reference, log_hint))
+    checks.append(_attempt(REFERENCE, lambda: _greedy_reference(llm, out, preflight.rows, stages.evaluate, measured),
+                           part.log_hint))
     shutdown(llm)
-    del engine["llm"]
-    llm = None  # the closures above hold it: release the engine before the next stage
+    llm = None  # the closure above holds it: release the engine before the next stage
 
     def tokenize() -> Check:
         picked = first_rows(conversations, preflight.rows)
         conversation_file.write(out / "rows.jsonl", picked)
         folder = out / "tokenized"
-        summary = tokenization.tokenize(target_dir, out / "rows.jsonl", folder / "dataset", folder / "token_freq.pt",
-                                        folder / "summary.json", tokenize_settings)
+        summary = tokenization.tokenize(part.target_dir, out / "rows.jsonl", folder / "dataset",
+                                        folder / "token_freq.pt", folder / "summary.json", stages.tokenize)
         measured["rows"] = summary["rows"]
         return passed(TOKENIZATION, f"{summary['rows']} rows, {summary['total_tokens']:,} tokens, "
                                     f"{summary['trainable_tokens']:,} trained (assistant) tokens")
@@ -598,8 +598,29 @@ def run_regenerate(
     if checks[1].failed:
         checks.append(not_run(TOKENIZATION, f"'{REGENERATION}' failed"))
     else:
-        checks.append(_attempt(TOKENIZATION, tokenize, log_hint))
+        checks.append(_attempt(TOKENIZATION, tokenize, part.log_hint))
     return write_part(out, "regenerate", checks, measured)
+
+
+def _greedy_reference(llm, out: Path, rows: int, evaluate_settings, measured: dict) -> Check:
+    """The target's greedy answers to the first `rows` prompts, as evaluation decodes them
+    (reference.json): what the speculative part's outputs must equal."""
+    from draftline.stages import evaluate
+
+    chat_template = Path(evaluate_settings.chat_template).read_text() if evaluate_settings.chat_template else None
+    prompts = evaluate.read_prompts(out / "prompts.jsonl", rows)
+    prompts, skipped = evaluate.fitting_prompts(llm.get_tokenizer(), prompts, evaluate_settings, chat_template)
+    if not prompts:
+        raise ValueError(f"no prompt fits max_model_len={evaluate_settings.max_model_len} with "
+                         f"evaluate.max_new_tokens {evaluate_settings.max_new_tokens}")
+    run = evaluate.timed_generate(llm, prompts, evaluate_settings, chat_template)
+    record = {"prompts": [{"id": p.id, "messages": p.messages} for p in prompts], "token_ids": run["token_ids"],
+              "skipped": skipped, "max_new_tokens": evaluate_settings.max_new_tokens}
+    with atomic_file(out / "reference.json") as f:
+        f.write(json.dumps(record) + "\n")
+    measured["greedy_tokens_per_s"] = run["output_tokens_per_s"]
+    return passed(REFERENCE, f"{len(prompts)} prompts x <= {evaluate_settings.max_new_tokens} tokens, "
+                             f"{run['output_tokens']:,} tokens at {run['output_tokens_per_s']} tok/s")
 
 
 # ---------------------------------------------------------------- hidden states (one engine)
@@ -626,17 +647,17 @@ def fidelity_check(target_dir: str | Path, samples: list[tuple], extracted: list
 
 
 def run_hidden_states(
-    target_dir: str | Path, regenerate_dir: str | Path, layer_ids_path: str | Path, out_dir: str | Path, engine,
-    *, backend: str = "vllm", format: str = "full", fidelity_min_top1: float = 0.9,
-    log_hint: str = "the job's log",
+    part: Part, layer_ids_path: str | Path, engine, *, backend: str = "vllm", format: str = "full",
+    fidelity_min_top1: float = 0.9,
 ) -> dict:
-    """The hidden-state part: the tokenized rows of the regeneration part through the
+    """The hidden-state part (after the regeneration part): its tokenized rows through the
     extraction stage (one shard of them), then the fidelity check on its files."""
     from draftline.artifacts import layer_ids as layer_ids_file
     from draftline.artifacts.hidden_states import file_name, read_states
     from draftline.stages import hidden_states
 
-    out = Path(out_dir)
+    target_dir, regenerate_dir, log_hint = part.target_dir, part.upstream_dir, part.log_hint
+    out = Path(part.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     upstream = _upstream(regenerate_dir, "regenerate")
     record = read_part(regenerate_dir)
@@ -686,15 +707,16 @@ def run_hidden_states(
 
 
 def run_speculative(
-    target_dir: str | Path, regenerate_dir: str | Path, config_dir: str | Path, out_dir: str | Path,
-    evaluate_settings, *, draft_vocab_size: int, trust_remote_code: bool = False, log_hint: str = "the job's log",
+    part: Part, config_dir: str | Path, evaluate_settings, *, draft_vocab_size: int, trust_remote_code: bool = False,
 ) -> dict:
-    """The speculative part: an untrained draft of the run's config (vocab maps from the
-    tokenized rows' frequencies), served in vLLM; its greedy outputs must equal the reference."""
+    """The speculative part (after the regeneration part): an untrained draft of the run's config
+    (vocab maps from the tokenized rows' frequencies), served in vLLM; its greedy outputs must
+    equal the reference."""
     from draftline.engine import shutdown
     from draftline.stages import evaluate, vocab
 
-    out = Path(out_dir)
+    target_dir, regenerate_dir, log_hint = part.target_dir, part.upstream_dir, part.log_hint
+    out = Path(part.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     statuses = {c.name: c.status for c in read_part(regenerate_dir)["checks"]}
     missing = [n for n in (REFERENCE, TOKENIZATION) if statuses.get(n) != "pass"]
