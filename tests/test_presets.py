@@ -348,3 +348,30 @@ def test_the_cpu_estimate_bounds_the_embedded_defaults_recorded_stage_times(monk
     }
     over = {stage: (seconds, round(per_job[stage])) for stage, seconds in measured.items() if seconds > per_job[stage]}
     assert not over, f"recorded seconds over the plan's estimate (recorded, estimate): {over}"
+
+
+def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_states():
+    """sizing.filesystem_gb_per_s: extraction writes the hidden states once and training reads
+    them once per epoch at that rate, and each vLLM job loads the weights at it; hidden_states.mode
+    online has no files to write or read."""
+    from snakemake.utils import validate
+
+    from draftline import sizing
+    from draftline.config_schema import default
+
+    def estimate(**blocks):
+        config = {"prompts": {"sources": ["x.jsonl"]}, "train": {"epochs": 2}, **blocks}
+        validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
+        return sizing.estimate(sizing.LLAMA_8B, sizing.plan_from_config(config, 10_000, 1, "cuda"), "cuda")
+
+    fast, slow = estimate(sizing={"filesystem_gb_per_s": 10.0}), estimate(sizing={"filesystem_gb_per_s": 1.0})
+    hidden = fast["hidden_state_bytes"]
+    weights = sizing.LLAMA_8B.weights_bytes
+    extraction = slow["wall_hours"]["extraction"] - fast["wall_hours"]["extraction"]
+    training = slow["wall_hours"]["training"] - fast["wall_hours"]["training"]
+    jobs = default("hidden_states", "shards")  # each extraction job writes its share, loads the weights once
+    assert extraction * 3600 == pytest.approx(hidden * 0.9e-9 / jobs + weights * 0.9e-9)
+    assert training * 3600 == pytest.approx(2 * hidden * 0.9e-9)  # two epochs, one job
+    assert "at 1 GB/s (sizing.filesystem_gb_per_s" in sizing.describe(slow)
+    online = estimate(sizing={"filesystem_gb_per_s": 1.0}, hidden_states={"mode": "online"})
+    assert online["io_hours"] == {} and online["wall_hours"]["training"] < slow["wall_hours"]["training"]

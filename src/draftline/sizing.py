@@ -141,6 +141,10 @@ class Plan:
     regenerate_shards: int = 1
     hidden_state_shards: int = 1
     eval_headline_prompts: int | None = None  # the set the untrained draft is measured on (None: all)
+    # sizing.filesystem_gb_per_s in bytes/s: loading the weights, writing the hidden states and
+    # reading them each epoch take their bytes at this rate (None: compute and a local load only)
+    filesystem_bytes_per_s: float | None = None
+    hidden_state_files: bool = True  # hidden_states.mode offline (online: no files)
 
 
 def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None) -> dict:
@@ -169,6 +173,12 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
         start_regeneration = measured.get("regeneration_load_seconds", load_s)
         start_extraction = measured.get("extraction_load_seconds", load_s)
+    if plan.filesystem_bytes_per_s:
+        load_s = START_S + shape.weights_bytes / plan.filesystem_bytes_per_s
+        if not measured or "regeneration_load_seconds" not in measured:
+            start_regeneration = load_s
+        if not measured or "extraction_load_seconds" not in measured:
+            start_extraction = load_s
     vllm = plan.gpus_per_vllm_job
     # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
     # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
@@ -184,9 +194,14 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
              "evaluation": 3 * start_regeneration}
     if not generated:
         work["regeneration"] = jobs["regeneration"] = 0
-    device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] for k in work}
-    wall_s = {k: (work[k] / (gpus[k] * jobs[k]) + start[k]) if jobs[k] else 0.0 for k in work}
     bytes_per_token = (plan.aux_layers + 1) * shape.hidden * plan.dtype_bytes + 8
+    # I/O: the hidden states written once and read once per epoch, each job its share at the
+    # filesystem's rate, its GPUs waiting meanwhile (no overlap with compute: a bound)
+    io_bytes = {"extraction": tokens * bytes_per_token, "training": plan.epochs * tokens * bytes_per_token}
+    rate = plan.filesystem_bytes_per_s if plan.hidden_state_files else None
+    io_s = {k: (io_bytes.get(k, 0) / rate if rate else 0.0) for k in work}
+    device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] + io_s[k] * gpus[k] for k in work}
+    wall_s = {k: (work[k] / (gpus[k] * jobs[k]) + start[k] + io_s[k] / jobs[k]) if jobs[k] else 0.0 for k in work}
     return {
         "target": shape.name,
         "device": device,
@@ -198,6 +213,8 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         "hidden_state_bytes": tokens * bytes_per_token,
         "bytes_per_token": bytes_per_token,
         "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
+        "io_hours": {k: v / 3600 for k, v in io_s.items() if v},
+        "filesystem_bytes_per_s": plan.filesystem_bytes_per_s,
         "basis": _basis(device, measured),
     }
 
@@ -267,6 +284,8 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         train_gpus=train_gpus,
         regenerate_shards=config["regenerate"]["shards"],
         hidden_state_shards=config["hidden_states"]["shards"],
+        filesystem_bytes_per_s=(config.get("sizing") or {}).get("filesystem_gb_per_s", 1.0) * 1e9,
+        hidden_state_files=config["hidden_states"].get("mode", "offline") == "offline",
     )
 
 
@@ -376,9 +395,18 @@ def describe(est: dict) -> str:
         f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
         f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens; {unit} time per stage: "
         f"{stages}; total {_hours(sum(est['device_hours'].values()))}; hidden states <= "
-        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token). Upper bounds from the "
+        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}. Upper bounds from the "
         f"configured lengths; {est['basis']} (docs/sizing.md)"
     )
+
+
+def _io(est: dict) -> str:
+    rate = est.get("filesystem_bytes_per_s")
+    if not rate:
+        return ""
+    parts = ", ".join(f"{k} {_hours(v)}" for k, v in est["io_hours"].items())
+    return (f"; at {rate / 1e9:g} GB/s (sizing.filesystem_gb_per_s; set it to your filesystem's rate): weights loaded "
+            f"per vLLM job" + (f", hidden-state I/O {parts} (included above)" if parts else ""))
 
 
 def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
