@@ -31,13 +31,14 @@ STEP = r'''
 import json, sys, time
 from pathlib import Path
 step, root, shards = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+from draftline.shards import ShardJob
 from draftline.stages.regenerate import RegenerateSettings, merge_shards, regenerate_shard, write_answer_settings
 t0 = time.perf_counter()
 if step == "settings":
     write_answer_settings(root / "prompts.jsonl", root / "settings-again.json", {"max_new_tokens": 256})
 elif step == "shard_publish":
-    regenerate_shard("unused", root / "prompts.jsonl", root / "settings.json", 0, 1, root / "one_shard",
-                     RegenerateSettings(), staging_root=root / ".staging")
+    regenerate_shard("unused", root / "prompts.jsonl", root / "settings.json",
+                     ShardJob(0, 1, root / "one_shard", staging_root=root / ".staging"), RegenerateSettings())
 elif step == "merge":
     merge_shards([root / f"shard_{k}" for k in range(shards)], root / "settings.json",
                  root / "conversations.jsonl", root / "summary.json")

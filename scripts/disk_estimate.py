@@ -2,7 +2,7 @@
 
 from draftline.logs import log_to
 from draftline.provenance import write_provenance
-from draftline.stages.disk_estimate import write_estimate
+from draftline.stages.disk_estimate import Extraction, write_estimate
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -10,16 +10,13 @@ if __name__ == "__main__":
         snakemake.input.summary,
         snakemake.input.layer_ids,
         str(snakemake.params.target_dir),
-        snakemake.params.dtype,
-        snakemake.params.shards,
         snakemake.output[0],
+        Extraction(snakemake.params.dtype, snakemake.params.shards, snakemake.params.format),
         # A param Snakemake does not compare: a new limit must not rerun (re-extract) the shards; the
         # plan checks a changed limit against an existing estimate. The lengths (for the settings that
-        # would fit, named in the error) decide no estimate.
-        max_disk_gb=snakemake.params.limit.max_disk_gb,
-        format=snakemake.params.format,
+        # would fit, named in the error; total_seq_len: hidden_states.mode online's working set)
+        # decide no estimate.
+        snakemake.params.limit,
         dataset_dir=snakemake.input.dataset,
-        max_seq_len=snakemake.params.limit.max_seq_len,
-        total_seq_len=snakemake.params.limit.total_seq_len,  # hidden_states.mode online's working set
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

@@ -6,7 +6,8 @@ from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
-from draftline.stages.hidden_states import extract_shard
+from draftline.shards import ShardJob
+from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
@@ -18,13 +19,13 @@ if __name__ == "__main__":
         snakemake.input.dataset,
         str(snakemake.params.target_dir),
         snakemake.input.layer_ids,
-        int(snakemake.wildcards.shard),
-        snakemake.params.num_shards,
-        snakemake.output[0],
+        ShardJob(int(snakemake.wildcards.shard), snakemake.params.num_shards, snakemake.output[0]),
         replace(snakemake.params.engine, threads=snakemake.threads),  # the run's vLLM settings, the job's threads
-        backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
-        rows_per_call=snakemake.params.chunk_rows,
-        format=snakemake.params.format,  # hidden_states.format: full or fp8
-        fidelity=snakemake.params.fidelity,  # hidden_states.fidelity, its bar resolved
+        ExtractionSettings(
+            backend=snakemake.params.backend,  # hidden_states.backend: a draftline.backends entry
+            rows_per_call=snakemake.params.chunk_rows,
+            format=snakemake.params.format,  # hidden_states.format: full or fp8
+            fidelity=snakemake.params.fidelity,  # hidden_states.fidelity, its bar resolved
+        ),
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

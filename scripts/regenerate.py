@@ -4,6 +4,7 @@ from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
 from draftline.provenance import write_provenance
+from draftline.shards import ShardJob
 from draftline.stages.regenerate import RegenerateSettings, regenerate_shard
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -16,9 +17,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         str(snakemake.params.target_dir),
         snakemake.input.conversations,
         snakemake.input.settings,
-        int(snakemake.wildcards.shard),
-        snakemake.params.num_shards,
-        snakemake.output[0],
+        ShardJob(int(snakemake.wildcards.shard), snakemake.params.num_shards, snakemake.output[0]),
         snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
             RegenerateSettings,
             max_new_tokens=snakemake.params.max_new_tokens,

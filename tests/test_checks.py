@@ -23,7 +23,15 @@ from draftline.checks import (
 )
 from draftline.engine import EngineSettings
 from draftline.stages import hidden_states as hs
-from draftline.stages.disk_estimate import DiskLimitError, bytes_per_token, check_limit, estimate, write_estimate
+from draftline.stages.disk_estimate import (
+    DiskLimit,
+    DiskLimitError,
+    Extraction,
+    bytes_per_token,
+    check_limit,
+    estimate,
+    write_estimate,
+)
 
 REPO_CONFIG = "config/config.yaml"
 
@@ -215,14 +223,14 @@ def _tokenized(tmp_path, rows, tokens):
 def test_write_estimate_checks_limit_and_rows_before_writing(tiny_model, tmp_path):
     summary, layer_ids = _tokenized(tmp_path, rows=10, tokens=1000)
     out = tmp_path / "hs" / "disk_estimate.json"
-    est = write_estimate(summary, layer_ids, tiny_model, "float32", 2, out)
+    est = write_estimate(summary, layer_ids, tiny_model, out, Extraction("float32", 2))
     assert est["bytes_per_token"] == 4 * 128 * 4 + 8 and est["tokens"] == 1000
     assert json.loads(out.read_text()) == est
     out.unlink()
     with pytest.raises(DiskLimitError, match="hidden_states.max_disk_gb"):
-        write_estimate(summary, layer_ids, tiny_model, "float32", 2, out, max_disk_gb=1e-6)
+        write_estimate(summary, layer_ids, tiny_model, out, Extraction("float32", 2), DiskLimit(max_disk_gb=1e-6))
     with pytest.raises(ConfigError, match=r"hidden_states.shards = 11 but .*only 10 conversations"):
-        write_estimate(summary, layer_ids, tiny_model, "float32", 11, out)
+        write_estimate(summary, layer_ids, tiny_model, out, Extraction("float32", 11))
     assert not out.exists() and not list(out.parent.glob(".*tmp*"))
 
 
@@ -300,7 +308,7 @@ def test_an_empty_shard_publishes_without_starting_an_engine(tiny_model, tmp_pat
 
     Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]}).save_to_disk(str(tmp_path / "dataset"))
     layer_ids = LayerIds(aux=[2, 4, 5], num_hidden_layers=8)
-    manifest = hs.extract_shard(tmp_path / "dataset", tiny_model, layer_ids, 2, 3, tmp_path / "shard_2",
+    manifest = hs.extract_shard(tmp_path / "dataset", tiny_model, layer_ids, hs.ShardJob(2, 3, tmp_path / "shard_2"),
                                 EngineSettings(dtype="float32"))
     assert manifest["num_rows"] == 0 and manifest["tokens"] == 0
     assert sorted(p.name for p in (tmp_path / "shard_2").iterdir()) == [hsf.MANIFEST]

@@ -264,7 +264,8 @@ def test_an_extraction_with_wrong_states_publishes_nothing_and_keeps_its_staged_
     out = tmp_path / "hidden_states" / "shard_1"
     greedy = FidelitySettings(rows=8, min_top1=AUTO_MIN_TOP1_GREEDY, basis="auto: greedy regenerated answers")
     with pytest.raises(FidelityError) as caught:
-        hs.extract_shard(greedy_dataset, tiny.target, layers, 1, 2, out, backend="transformers", fidelity=greedy)
+        hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(1, 2, out),
+                         extraction=hs.ExtractionSettings(backend="transformers", fidelity=greedy))
     message = str(caught.value)
     assert f"hidden-state shard 1 of 2 ({out}) (dataset rows 2, 3)" in message
     assert "stored last layer (layer id 8) predicts the next token on 0.0" in message
@@ -273,8 +274,9 @@ def test_an_extraction_with_wrong_states_publishes_nothing_and_keeps_its_staged_
     staged = list((tmp_path / "hidden_states" / ".staging").glob("shard_1-*/hs_*.safetensors"))
     assert sorted(p.name for p in staged) == ["hs_2.safetensors", "hs_3.safetensors"]
 
-    manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, 1, 2, out, backend="transformers",
-                                fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test"))
+    manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(1, 2, out),
+                                extraction=hs.ExtractionSettings(
+                                    backend="transformers", fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test")))
     assert broken.calls == 1 and manifest["reused_rows"] == 2  # the staged files, not a new extraction
     assert manifest["fidelity"]["top1_assistant"] < 0.2 and manifest["fidelity"]["min_top1"] == 0.0
     assert hsf.read_manifest(out)["fidelity"]["rows"] == [2, 3]
@@ -288,8 +290,8 @@ def test_an_extraction_with_right_states_records_its_fidelity_in_the_manifest_an
     greedy = FidelitySettings(rows=1, min_top1=AUTO_MIN_TOP1_GREEDY, basis="auto: greedy regenerated answers")
     shards = [tmp_path / "hidden_states" / f"shard_{k}" for k in range(2)]
     for k, out in enumerate(shards):
-        manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, k, 2, out, backend="transformers",
-                                    fidelity=greedy)
+        manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(k, 2, out),
+                                    extraction=hs.ExtractionSettings(backend="transformers", fidelity=greedy))
         assert manifest["fidelity"]["rows"] == [2 * k + 1]  # one row: the middle of the shard's two
         assert manifest["fidelity"]["top1_assistant"] >= 0.99
     view = hs.build_training_view(shards, tmp_path / "hidden_states" / "all")

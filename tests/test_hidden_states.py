@@ -46,10 +46,9 @@ def dataset(tiny_model, tmp_path_factory):
 def extracted(tiny_model, dataset, tmp_path_factory):
     """One real extraction (vLLM CPU, eager) of all rows as shard 0 of 1."""
     root = tmp_path_factory.mktemp("hs")
-    manifest = hs.extract_shard(
-        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
-        EngineSettings(dtype="float32", threads=1, enforce_eager=True), rows_per_call=4,
-    )
+    manifest = hs.extract_shard(dataset[0], tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, root / "shard_0"),
+                                EngineSettings(dtype="float32", threads=1, enforce_eager=True),
+                                hs.ExtractionSettings(rows_per_call=4))
     return root, manifest
 
 
@@ -122,10 +121,9 @@ SPLIT_ATOL = 2e-6
 def extracted_split(tiny_model, dataset, tmp_path_factory):
     """The same rows extracted with target.tensor_parallel_size 2 (two vLLM CPU workers)."""
     root = tmp_path_factory.mktemp("hs-tp2")
-    manifest = hs.extract_shard(
-        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
-        EngineSettings(dtype="float32", threads=2, enforce_eager=True, tensor_parallel_size=2), rows_per_call=4,
-    )
+    manifest = hs.extract_shard(dataset[0], tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, root / "shard_0"),
+                                EngineSettings(dtype="float32", threads=2, enforce_eager=True, tensor_parallel_size=2),
+                                hs.ExtractionSettings(rows_per_call=4))
     return root, manifest
 
 
@@ -167,10 +165,8 @@ def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_
     other.mkdir()
     inodes = {i: (staging / hsf.file_name(i)).stat().st_ino for i in (0, 1, 2, 4)}
 
-    manifest = hs.extract_shard(
-        path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
-        EngineSettings(dtype="float32", threads=1, enforce_eager=True),
-    )
+    manifest = hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, tmp_path / "shard_0"),
+                                EngineSettings(dtype="float32", threads=1, enforce_eager=True))
     assert manifest["reused_rows"] == 4 and manifest["extracted_rows"] == 2
     for i, ino in inodes.items():
         assert (tmp_path / "shard_0" / hsf.file_name(i)).stat().st_ino == ino
@@ -323,8 +319,7 @@ def test_layer_ids_from_another_target_are_rejected(tiny_model, tmp_path):
 
     Dataset.from_dict({"input_ids": [[1, 2, 3]]}).save_to_disk(str(tmp_path / "dataset"))
     with pytest.raises(ValueError, match="rerun the layer_ids rule"):
-        hs.extract_shard(tmp_path / "dataset", tiny_model, LayerIds(aux=[2], num_hidden_layers=30), 0, 1,
-                         tmp_path / "shard_0")
+        hs.extract_shard(tmp_path / "dataset", tiny_model, LayerIds(aux=[2], num_hidden_layers=30), hs.ShardJob(0, 1, tmp_path / "shard_0"))
 
 
 # --- hidden_states.format fp8 ------------------------------------------------------------------
@@ -338,10 +333,9 @@ FP8_MAX_RELATIVE_ERROR = 0.05
 def extracted_fp8(tiny_model, dataset, tmp_path_factory):
     """The same rows extracted in format fp8 (vLLM CPU with CPUFP8HiddenStatesConnector)."""
     root = tmp_path_factory.mktemp("hs_fp8")
-    manifest = hs.extract_shard(
-        dataset[0], tiny_model, _layer_ids(tiny_model), 0, 1, root / "shard_0",
-        EngineSettings(dtype="float32", threads=1, enforce_eager=True), rows_per_call=4, format="fp8",
-    )
+    manifest = hs.extract_shard(dataset[0], tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, root / "shard_0"),
+                                EngineSettings(dtype="float32", threads=1, enforce_eager=True),
+                                hs.ExtractionSettings(rows_per_call=4, format="fp8"))
     return root, manifest
 
 
@@ -384,10 +378,9 @@ def test_fp8_files_are_speculators_layout_and_close_to_full_precision(dataset, e
 @pytest.mark.dag
 def test_transformers_backend_writes_fp8_too(tiny_model, dataset, extracted, tmp_path):
     path, ids = dataset
-    manifest = hs.extract_shard(
-        path, tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "shard_0",
-        EngineSettings(dtype="float32", threads=1), backend="transformers", format="fp8",
-    )
+    manifest = hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, tmp_path / "shard_0"),
+                                EngineSettings(dtype="float32", threads=1),
+                                hs.ExtractionSettings(backend="transformers", format="fp8"))
     assert manifest["format"] == "fp8" and manifest["backend"] == "transformers"
     errors = _fp8_errors(extracted[0] / "shard_0", tmp_path / "shard_0", ids)
     assert all(e < FP8_MAX_RELATIVE_ERROR for e in errors), errors

@@ -34,10 +34,11 @@ def _assert_parity(target, tmp_path, lengths, *, batch_tokens, atol, rtol):
     dataset, ids = _dataset(target, tmp_path, lengths)
     layers = _layer_ids(target)
     engine = EngineSettings(dtype="float32", threads=2, enforce_eager=True)
-    vllm = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "vllm" / "shard_0", engine, rows_per_call=4)
+    vllm = hs.extract_shard(dataset, target, layers, hs.ShardJob(0, 1, tmp_path / "vllm" / "shard_0"), engine,
+                            hs.ExtractionSettings(rows_per_call=4))
     # A small token budget: several padded batches of mixed lengths.
-    hf = hs.extract_shard(dataset, target, layers, 0, 1, tmp_path / "hf" / "shard_0", engine, rows_per_call=4,
-                          backend="transformers", options={"batch_tokens": batch_tokens})
+    hf = hs.extract_shard(dataset, target, layers, hs.ShardJob(0, 1, tmp_path / "hf" / "shard_0"), engine,
+                          hs.ExtractionSettings(backend="transformers", rows_per_call=4, options={"batch_tokens": batch_tokens}))
     assert hf["backend"] == "transformers" and vllm["backend"] == "vllm"
     assert hf["tokens"] == vllm["tokens"] == sum(lengths)
     assert sorted(p.name for p in (tmp_path / "hf" / "shard_0").iterdir()) == sorted(
@@ -86,8 +87,8 @@ def test_batches_respect_the_token_budget_and_cover_every_row():
 
 def test_unknown_backend_is_rejected(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="hidden_states.backend 'sglang'"):
-        hs.extract_shard(tmp_path / "none", tiny_model, _layer_ids(tiny_model), 0, 1, tmp_path / "out",
-                         backend="sglang")
+        hs.extract_shard(tmp_path / "none", tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, tmp_path / "out"),
+                         extraction=hs.ExtractionSettings(backend="sglang"))
 
 
 def _llama_8b_config():

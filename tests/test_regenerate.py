@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from draftline.engine import shutdown, target_llm
+from draftline.shards import ShardJob
 from draftline.stages.regenerate import (
     RegenerateSettings,
     merge_shards,
@@ -198,7 +199,7 @@ def sharded_run(llm, tiny_model, folder, num_shards, settings):
     prompts, answer_settings = write_prompts(folder)
     shards = [folder / f"shard_{k}" for k in range(num_shards)]
     summaries = [
-        regenerate_shard(tiny_model, prompts, answer_settings, k, num_shards, shards[k], settings, llm=llm)
+        regenerate_shard(tiny_model, prompts, answer_settings, ShardJob(k, num_shards, shards[k]), settings, llm=llm)
         for k in range(num_shards)
     ]
     merge_shards(shards, answer_settings, folder / "conversations.jsonl", folder / "summary.json")
@@ -245,14 +246,14 @@ def test_a_crashed_shard_resumes_from_checked_chunks_answering_only_the_rest(llm
 
     crashing.chat = crash_on_the_second_chunk
     with pytest.raises(RuntimeError, match="killed"):
-        regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=crashing)
+        regenerate_shard(tiny_model, prompts, answer_settings, ShardJob(0, 1, folder / "shard_0"), settings, llm=crashing)
     staging = folder / ".staging"
     [key] = [d.name for d in staging.iterdir()]
     assert sorted(p.name for p in (staging / key).iterdir()) == ["chunk_0-4.json", "chunk_0-4.jsonl"]
     (staging / "0123456789abcdef").mkdir()  # staged with other settings: removed
 
     rerun = RecordingLLM(llm)
-    summary = regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=rerun)
+    summary = regenerate_shard(tiny_model, prompts, answer_settings, ShardJob(0, 1, folder / "shard_0"), settings, llm=rerun)
     asked = [p[-1]["content"] for prompts_, _ in rerun.calls for p in prompts_]
     assert len(asked) == len(set(asked))
     first_users = {p[0]["content"] if p[0]["role"] == "user" else p[1]["content"] for prompts_, _ in rerun.calls for p in prompts_}
@@ -266,7 +267,7 @@ def test_a_crashed_shard_resumes_from_checked_chunks_answering_only_the_rest(llm
     rows_file = staging / key / "chunk_4-8.jsonl"
     rows_file.write_text(rows_file.read_text().replace('"assistant"', '"assistant" ', 1))
     again = RecordingLLM(llm)
-    summary = regenerate_shard(tiny_model, prompts, answer_settings, 0, 1, folder / "shard_0", settings, llm=again)
+    summary = regenerate_shard(tiny_model, prompts, answer_settings, ShardJob(0, 1, folder / "shard_0"), settings, llm=again)
     assert (summary["answered"], summary["reused"]) == (4, 8)
     assert (folder / "shard_0" / "conversations.jsonl").read_bytes() == reference
 

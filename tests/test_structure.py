@@ -75,7 +75,7 @@ def test_the_stage_list_names_every_module_outside_the_shared_layers():
     shared = {"draftline", "draftline.stages", "draftline.atomic", "draftline.logs", "draftline.devices", "draftline.content_hash",
               "draftline.config_schema", "draftline.engine", "draftline.checks", "draftline.plan",
               "draftline.provenance", "draftline.sources", "draftline.sizing", "draftline.cluster",
-              "draftline.target_hashes", "draftline.fidelity", "draftline.versions"}
+              "draftline.target_hashes", "draftline.fidelity", "draftline.versions", "draftline.shards"}
     outside = {_top(m) for m in MODULES if m not in shared and m.split(".")[1] not in SHARED_PACKAGES}
     assert outside == {f"draftline.stages.{s}" for s in STAGES} | {f"draftline.{d}" for d in DRIVERS}, \
         "a new module: add it to STAGES, DRIVERS or the shared layers"

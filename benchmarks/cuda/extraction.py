@@ -13,11 +13,12 @@ from common import log, summarize, sync
 
 def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:
     from draftline.engine import EngineSettings
-    from draftline.stages.hidden_states import build_training_view, extract_shard
+    from draftline.shards import ShardJob
+    from draftline.stages.hidden_states import ExtractionSettings, build_training_view, extract_shard
 
     t0 = time.perf_counter()
-    m = extract_shard(work / "dataset", target, work / "layer_ids.json", 0, 1, work / "hs" / "shard_0",
-                      EngineSettings(threads=8), backend="transformers", options={"batch_tokens": batch_tokens})
+    m = extract_shard(work / "dataset", target, work / "layer_ids.json", ShardJob(0, 1, work / "hs" / "shard_0"),
+                      EngineSettings(threads=8), ExtractionSettings(backend="transformers", options={"batch_tokens": batch_tokens}))
     wall = time.perf_counter() - t0
     build_training_view([work / "hs" / "shard_0"], work / "hs" / "all")
     out = {"manifest": {k: v for k, v in m.items() if k != "versions"}, "wall_s": round(wall, 1),
@@ -105,7 +106,8 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
     import draftline.backends.transformers as hf
     from draftline.artifacts import layer_ids as layer_ids_file
     from draftline.engine import EngineSettings
-    from draftline.stages.hidden_states import extract_shard
+    from draftline.shards import ShardJob
+    from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     layer_ids = layer_ids_file.read(work / "layer_ids.json")
     ids = load_from_disk(str(work / "dataset")).with_format(None)["input_ids"]
@@ -123,8 +125,8 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
         try:
             d = work / "hs_var" / "shard_0"
             t0 = time.perf_counter()
-            m = extract_shard(work / "dataset", target, layer_ids, 0, 1, d, EngineSettings(dtype="auto", threads=8),
-                              backend="transformers", rows_per_call=64, options={"batch_tokens": batch_tokens})
+            m = extract_shard(work / "dataset", target, layer_ids, ShardJob(0, 1, d), EngineSettings(dtype="auto", threads=8),
+                              ExtractionSettings(backend="transformers", rows_per_call=64, options={"batch_tokens": batch_tokens}))
             wall = time.perf_counter() - t0
             shutil.rmtree(d.parent)
         finally:

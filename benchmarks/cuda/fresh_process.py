@@ -36,7 +36,8 @@ def extract_calls_main() -> None:
     import draftline.backends.transformers as hf
     from draftline.devices import claim_gpus
     from draftline.engine import EngineSettings
-    from draftline.stages.hidden_states import extract_shard
+    from draftline.shards import ShardJob
+    from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     t_imp = time.time()
     got = claim_gpus(1)
@@ -73,8 +74,8 @@ def extract_calls_main() -> None:
         dest = a.work / f"hs_call{call}" / "shard_0"
         mem = meminfo("Dirty", "Writeback", "Cached")
         t0 = time.perf_counter()
-        m = extract_shard(a.work / "dataset", a.target, layer_ids, 0, 1, dest,
-                          EngineSettings(dtype="auto", threads=8), backend="transformers", rows_per_call=64)
+        m = extract_shard(a.work / "dataset", a.target, layer_ids, ShardJob(0, 1, dest), EngineSettings(dtype="auto", threads=8),
+                          ExtractionSettings(backend="transformers", rows_per_call=64))
         wall = time.perf_counter() - t0
         rec = {"call": call, "wall_s": round(wall, 2), "tokens": m["tokens"], "rows": m["num_rows"],
                "load_seconds": m["load_seconds"], "extract_seconds": m["extract_seconds"],

@@ -80,12 +80,13 @@ def extract_shard_main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
     from draftline.devices import claim_gpus
     from draftline.engine import EngineSettings
-    from draftline.stages.hidden_states import extract_shard
+    from draftline.shards import ShardJob
+    from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     # As scripts/hidden_states.py does: take one free GPU before CUDA starts.
     got = claim_gpus(1)
     a.out_dir.parent.mkdir(parents=True, exist_ok=True)
     (a.out_dir.parent / f"claimed_{a.shard}.txt").write_text(f"{got} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
-    extract_shard(a.work / "dataset", a.target, a.work / "layer_ids.json", a.shard, a.num_shards, a.out_dir,
-                  EngineSettings(threads=4), backend="transformers", options={"batch_tokens": a.batch_tokens},
-                  staging_root=a.out_dir.parent / f".staging-{a.shard}")
+    job = ShardJob(a.shard, a.num_shards, a.out_dir, staging_root=a.out_dir.parent / f".staging-{a.shard}")
+    extract_shard(a.work / "dataset", a.target, a.work / "layer_ids.json", job, EngineSettings(threads=4),
+                  ExtractionSettings(backend="transformers", options={"batch_tokens": a.batch_tokens}))

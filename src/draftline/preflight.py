@@ -48,6 +48,7 @@ from draftline.artifacts.preflight import Check, failed, not_run, part_failures,
 from draftline.atomic import atomic_file
 from draftline.config_schema import default
 from draftline.fidelity import FidelitySettings
+from draftline.shards import ShardJob
 
 log = logging.getLogger(__name__)
 
@@ -672,9 +673,11 @@ def run_hidden_states(
 
     def extract() -> Check:
         manifest = result["manifest"] = hidden_states.extract_shard(
-            dataset, target_dir, layer_ids_path, 0, 1, shard, engine, backend=backend, format=format,
-            staging_root=out / ".staging",
-            fidelity=FidelitySettings(rows=0),  # checked once, below, as its own check with the run's bar
+            dataset, target_dir, layer_ids_path, ShardJob(0, 1, shard, staging_root=out / ".staging"), engine,
+            hidden_states.ExtractionSettings(
+                backend=backend, format=format,
+                fidelity=FidelitySettings(rows=0),  # checked once, below, as its own check with the run's bar
+            ),
         )
         measured["extraction_load_seconds"] = manifest["load_seconds"]
         rate = measured["extraction_tokens_per_s"] = manifest["tokens_per_s"]

@@ -243,20 +243,21 @@ class HFExtractor:
         return host, event
 
 
-def _write_row(path: Path, states, ids: Sequence[int], extracted_n: int, hidden: int, row: int, dtype: str,
-               format: str = "full") -> int:
+def _write_row(path: Path, states, ids: Sequence[int], row: int, extractor: HFExtractor) -> int:
+    """One row's file, written under a temporary name, validated as every staged file is, then renamed."""
     import torch
     from safetensors.torch import save_file
 
     tmp = path.with_name(path.name + ".tmp")
     tensors = {"hidden_states": states.contiguous(), "token_ids": torch.as_tensor(list(ids), dtype=torch.long)}
-    if format == "fp8":  # speculators' own quantizer and layout, as its FP8 connector writes them
+    if extractor.format == "fp8":  # speculators' own quantizer and layout, as its FP8 connector writes them
         from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
 
         tensors["hidden_states"], tensors[SCALES_KEY] = quantize_tensor_to_fp8(tensors["hidden_states"])
     save_file(tensors, str(tmp))
     # The same check the vLLM path runs on every file before it is staged.
-    tokens = validate_hidden_state_file(tmp, ids, extracted_n, hidden, row=row, dtype=dtype, format=format)
+    tokens = validate_hidden_state_file(tmp, ids, len(extractor.extracted), extractor.hidden_size, row=row,
+                                        dtype=extractor.dtype, format=extractor.format)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return tokens
@@ -282,8 +283,7 @@ def run_batches(
                 event.synchronize()
             for b, r in enumerate(batch):
                 n = lengths[r]
-                _write_row(dest_dir / file_name(r), host[b, :n], ids_by_row[r], len(extractor.extracted),
-                           extractor.hidden_size, r, extractor.dtype, extractor.format)
+                _write_row(dest_dir / file_name(r), host[b, :n], ids_by_row[r], r, extractor)
                 with lock:
                     done["rows"] += 1
                     done["tokens"] += n

@@ -163,27 +163,31 @@ def check_limit(est: dict, max_disk_gb: float | None, *, lengths: list[int] | No
         )
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """What the estimate sizes: the extraction's dtype ("auto" resolved as extraction resolves it
+    on this machine: float32 without CUDA, so on a cluster whose GPU nodes extract in bfloat16 the
+    estimate is an upper bound), its shard count (checked against the rows) and file format."""
+
+    dtype: str
+    shards: int
+    format: str = "full"
+
+
 def write_estimate(
     tokenized_summary: str | Path,
     layer_ids: str | Path,
     target_dir: str | Path,
-    dtype: str,
-    shards: int,
     out_path: str | Path,
-    max_disk_gb: float | None = None,
-    *,
-    format: str = "full",
+    extraction: Extraction,
+    limit: DiskLimit = DiskLimit(),
     dataset_dir: str | Path | None = None,
-    max_seq_len: int | None = None,
-    total_seq_len: int | None = None,
 ) -> dict:
     """Estimate the hidden states' disk use from the tokenized data; check shards and the limit.
-
-    `dtype` "auto" is resolved as extraction resolves it on this machine (float32 without
-    CUDA): on a cluster whose GPU nodes extract in bfloat16 the estimate is then an upper bound.
     `dataset_dir` (the tokenized dataset) gives the rows' lengths, so the max_seq_len that would
-    fit under the limit is exact.
-    """
+    fit under the limit is exact."""
+    dtype, shards, format = extraction.dtype, extraction.shards, extraction.format
+    max_disk_gb = limit.max_disk_gb
     from draftline.checks import check_rows_for_shards, shape_from_config
     from draftline.engine import default_dtype
 
@@ -203,7 +207,7 @@ def write_estimate(
         log.warning("the hidden states (%.2f GB) will not fit in the %.2f GB free in %s",
                     est["bytes"] / 1e9, free / 1e9, out_path.parent)
     lengths = row_lengths(dataset_dir) if dataset_dir is not None else None
-    check_limit(est, max_disk_gb, lengths=lengths, max_seq_len=max_seq_len, total_seq_len=total_seq_len)
+    check_limit(est, max_disk_gb, lengths=lengths, max_seq_len=limit.max_seq_len, total_seq_len=limit.total_seq_len)
     with atomic_file(out_path) as f:
         json.dump(est, f, indent=1)
         f.write("\n")

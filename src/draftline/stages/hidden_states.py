@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from draftline import backends
@@ -51,6 +51,7 @@ from draftline.artifacts.target import dims as target_dims
 from draftline.atomic import atomic_dir
 from draftline.content_hash import digest, fingerprint
 from draftline.engine import EngineSettings, default_dtype
+from draftline.shards import ShardJob
 from draftline.versions import package_versions
 
 log = logging.getLogger(__name__)
@@ -101,136 +102,127 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+@dataclass(frozen=True)
+class ExtractionSettings:
+    """How a shard is extracted: the backend (`hidden_states.backend`, a `draftline.backends`
+    entry) with its rows per call and own options, the file format (`hidden_states.format`: `full`
+    in the engine dtype or speculators' `fp8` layout) and the fidelity bar the shard must pass
+    before it is published (`hidden_states.fidelity`, resolved; the default measures and checks
+    the layers only)."""
+
+    backend: str = "vllm"
+    rows_per_call: int = 64
+    options: dict = field(default_factory=dict)
+    format: str = "full"
+    fidelity: fidelity_check.FidelitySettings = fidelity_check.FidelitySettings(
+        min_top1=0.0, basis="no bar given to extract_shard: measured, layers checked")
+
+
+@dataclass(frozen=True)
+class StagedShard:
+    """A shard's rows and where their files are staged: what the fidelity check and the
+    manifest read."""
+
+    dataset: object  # the tokenized dataset (datasets.Dataset)
+    rows: range
+    ids_by_row: dict[int, list[int]]
+    staging: Path
+    extracted: list[int]
+    format: str
+
+
 def extract_shard(
     dataset_dir: str | Path,
     target_dir: str | Path,
     layer_ids: LayerIds | str | Path,
-    shard: int,
-    num_shards: int,
-    out_dir: str | Path,
+    job: ShardJob,
     engine: EngineSettings = EngineSettings(),
-    *,
-    backend: str = "vllm",
-    staging_root: str | Path | None = None,
-    rows_per_call: int = 64,
-    options: dict | None = None,
-    format: str = "full",
-    fidelity: fidelity_check.FidelitySettings = fidelity_check.FidelitySettings(
-        min_top1=0.0, basis="no bar given to extract_shard: measured, layers checked"),
+    extraction: ExtractionSettings = ExtractionSettings(),
 ) -> dict:
-    """Extract shard `shard` of `num_shards` into `out_dir` (published atomically); return its manifest.
+    """Extract `job`'s shard of the tokenized dataset into its folder (published atomically);
+    return its manifest.
 
-    `format` is `hidden_states.format`: `full` (the engine dtype) or `fp8` (speculators' FP8
-    layout, `draftline.artifacts.hidden_states`).
-
-    `fidelity` (`hidden_states.fidelity`, its bar resolved): `fidelity.rows` rows of the shard are
-    checked (`draftline.fidelity`) before publishing; a failure raises FidelityError and publishes
-    nothing, keeping the staged files (`check_staged_fidelity`). The workflow always passes the
-    configured bar; the default here measures and checks the layers only.
-
-    `staging_root` (default: `<out_dir's parent>/.staging`) keeps validated files across a
-    killed job; rows whose staged file still validates are not extracted again. `layer_ids` is
-    the layer_ids file (or its `LayerIds`); `backend` names a `draftline.backends` entry;
-    `options` are its own settings.
+    `extraction.fidelity.rows` rows of the shard are checked (`draftline.fidelity`) before
+    publishing; a failure raises FidelityError and publishes nothing, keeping the staged files
+    (`check_staged_fidelity`). The job's staging folder (default `<out_dir's parent>/.staging`)
+    keeps validated files across a killed job; rows whose staged file still validates are not
+    extracted again. `layer_ids` is the layer_ids file (or its `LayerIds`).
     """
-    extractor = backends.get(backend)
-    from datasets import load_from_disk
-
-    out_dir = Path(out_dir)
-    staging_root = Path(staging_root) if staging_root else out_dir.parent / ".staging"
+    extractor = backends.get(extraction.backend)
+    if extraction.format not in FORMATS:
+        raise ValueError(f"hidden_states.format {extraction.format!r}: expected one of {', '.join(FORMATS)}")
     engine = replace(engine, dtype=default_dtype(engine.dtype))
-    dtype = engine.dtype
     target = target_dims(target_dir, engine.trust_remote_code)
-    hidden_size = target.hidden_size
     ids = layer_ids if isinstance(layer_ids, LayerIds) else layer_ids_file.read(layer_ids)
     ids.check_target(target.num_hidden_layers, f"layer ids {ids.extracted} vs the target {target_dir}")
-    extracted = ids.extracted
-    n_layers = len(extracted)
-
-    dataset = load_from_disk(str(dataset_dir))
-    missing_cols = {"input_ids"} - set(dataset.column_names)
-    if missing_cols:
-        raise ValueError(f"{dataset_dir}: dataset lacks columns {sorted(missing_cols)}")
-    rows = shard_rows(len(dataset), shard, num_shards)
-    # An empty shard (more shards than rows) publishes just its manifest; select() rejects range(n, n).
-    selected = dataset.select(rows).with_format(None)["input_ids"] if rows else []
-    ids_by_row = dict(zip(rows, selected, strict=True))
-    for row, row_ids in ids_by_row.items():
-        if not row_ids:
-            raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")
+    dataset, rows, ids_by_row = _shard_of(dataset_dir, job)
 
     parallel = (engine.tensor_parallel_size, engine.pipeline_parallel_size)
-    if format not in FORMATS:
-        raise ValueError(f"hidden_states.format {format!r}: expected one of {', '.join(FORMATS)}")
-    key = staging_key(target_dir, extracted, dataset._fingerprint, dtype, parallel, format)
-    staging = open_staging(staging_root, shard, key, {
-        "target": str(target_dir), "extracted": extracted, "dataset_fingerprint": dataset._fingerprint,
-        "dtype": dtype, "format": format,
-        "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
+    fmt, dtype = extraction.format, engine.dtype
+    key = staging_key(target_dir, ids.extracted, dataset._fingerprint, dtype, parallel, fmt)
+    staging = open_staging(job.staging, job.index, key, {
+        "target": str(target_dir), "extracted": ids.extracted, "dataset_fingerprint": dataset._fingerprint,
+        "dtype": dtype, "format": fmt, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
     })
-
+    shard = StagedShard(dataset, rows, ids_by_row, staging, ids.extracted, fmt)
     todo = [
         r for r in rows
-        if not _is_staged_valid(staging / file_name(r), ids_by_row[r], n_layers, hidden_size, r, dtype, format)
+        if not _is_staged_valid(staging / file_name(r), ids_by_row[r], len(ids.extracted), target.hidden_size, r, dtype, fmt)
     ]
-    reused = len(rows) - len(todo)
     log.info(
         "shard %d/%d: rows %d..%d (%d rows, %d tokens); %d already staged in %s, %d to extract; "
         "layers %s, dtype %s, format %s, backend %s, tensor x pipeline parallel %d x %d",
-        shard, num_shards, rows.start, rows.stop - 1, len(rows), sum(len(ids_by_row[r]) for r in rows),
-        reused, staging, len(todo), extracted, dtype, format, backend, *parallel,
+        job.index, job.count, rows.start, rows.stop - 1, len(rows), sum(len(ids_by_row[r]) for r in rows),
+        len(rows) - len(todo), staging, len(todo), ids.extracted, dtype, fmt, extraction.backend, *parallel,
     )
 
     done = backends.Extracted(0, 0.0, 0.0)
     if todo:
         done = extractor.extract(
             backends.ExtractionRequest(
-                target_dir=str(target_dir), hidden_size=hidden_size, extracted=extracted, rows=todo,
-                token_ids=ids_by_row, dest=staging, engine=engine, rows_per_call=rows_per_call,
-                options=dict(options or {}), format=format,
+                target_dir=str(target_dir), hidden_size=target.hidden_size, extracted=ids.extracted, rows=todo,
+                token_ids=ids_by_row, dest=staging, engine=engine, rows_per_call=extraction.rows_per_call,
+                options=dict(extraction.options), format=fmt,
             )
         )
-
-    measured = check_staged_fidelity(
-        dataset, target_dir, rows, ids_by_row, staging, extracted, format, fidelity,
-        f"hidden-state shard {shard} of {num_shards} ({out_dir})", engine.trust_remote_code,
-    )
-
-    total_tokens = sum(len(ids_by_row[r]) for r in rows)
+    measured = check_staged_fidelity(shard, target_dir, extraction.fidelity, f"hidden-state {job}",
+                                     engine.trust_remote_code)
     manifest = {
-        "shard": shard,
-        "num_shards": num_shards,
-        "row_start": rows.start,
-        "row_stop": rows.stop,
-        "num_rows": len(rows),
-        "dataset_rows": len(dataset),
-        "dataset_fingerprint": dataset._fingerprint,
-        "tokens": total_tokens,
-        "layer_ids": ids.to_json(),
-        "hidden_size": hidden_size,
-        "dtype": dtype,
-        "format": format,
-        "bytes": sum((staging / file_name(r)).stat().st_size for r in rows),
-        "extracted_rows": len(todo),
-        "reused_rows": reused,
-        "load_seconds": round(done.load_seconds, 2),
-        "extract_seconds": round(done.extract_seconds, 2),
+        "shard": job.index, "num_shards": job.count, "row_start": rows.start, "row_stop": rows.stop,
+        "num_rows": len(rows), "dataset_rows": len(dataset), "dataset_fingerprint": dataset._fingerprint,
+        "tokens": sum(len(ids_by_row[r]) for r in rows), "layer_ids": ids.to_json(), "hidden_size": target.hidden_size,
+        "dtype": dtype, "format": fmt, "bytes": sum((staging / file_name(r)).stat().st_size for r in rows),
+        "extracted_rows": len(todo), "reused_rows": len(rows) - len(todo),
+        "load_seconds": round(done.load_seconds, 2), "extract_seconds": round(done.extract_seconds, 2),
         "tokens_per_s": round(done.tokens / done.extract_seconds, 1) if done.extract_seconds > 0 else None,
-        "backend": backend,
-        "tensor_parallel_size": parallel[0],
-        "pipeline_parallel_size": parallel[1],
-        "target": str(target_dir),
-        "staging_key": key,
-        "versions": package_versions(MANIFEST_PACKAGES),
+        "backend": extraction.backend, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
+        "target": str(target_dir), "staging_key": key, "versions": package_versions(MANIFEST_PACKAGES),
         "fidelity": measured,
     }
-    publish(staging, rows, manifest, out_dir)
+    publish(staging, rows, manifest, job.out_dir)
     return manifest
 
 
+def _shard_of(dataset_dir: str | Path, job: ShardJob) -> tuple[object, range, dict[int, list[int]]]:
+    """The tokenized dataset, the job's rows of it and their token ids (a row without tokens stops)."""
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(dataset_dir))
+    missing_cols = {"input_ids"} - set(dataset.column_names)
+    if missing_cols:
+        raise ValueError(f"{dataset_dir}: dataset lacks columns {sorted(missing_cols)}")
+    rows = shard_rows(len(dataset), job.index, job.count)
+    # An empty shard (more shards than rows) publishes just its manifest; select() rejects range(n, n).
+    selected = dataset.select(rows).with_format(None)["input_ids"] if rows else []
+    ids_by_row = dict(zip(rows, selected, strict=True))
+    for row, row_ids in ids_by_row.items():
+        if not row_ids:
+            raise ValueError(f"{dataset_dir}: dataset row {row} has no tokens")
+    return dataset, rows, ids_by_row
+
+
 def check_staged_fidelity(
-    dataset, target_dir, rows: range, ids_by_row: dict, staging: Path, extracted: Sequence[int], format: str,
-    settings: fidelity_check.FidelitySettings, where: str, trust_remote_code: bool = False,
+    shard: StagedShard, target_dir, settings: fidelity_check.FidelitySettings, where: str, trust_remote_code: bool = False,
 ) -> dict | None:
     """Measure and check `settings.rows` staged rows (`fidelity.sample_rows`: spread over the
     shard, the same rows every time) before the shard is published; return the record for the
@@ -241,22 +233,22 @@ def check_staged_fidelity(
     bar reuses them without extracting again; the error says to delete them to extract anew (after
     a fix in the extraction code, which the staging key does not cover).
     """
-    if settings.rows <= 0 or not rows:
+    if settings.rows <= 0 or not shard.rows:
         return None
     t0 = time.perf_counter()
-    sample = fidelity_check.sample_rows(rows, settings.rows)
-    picked = dataset.select(sample).with_format(None)
-    if "loss_mask" in dataset.column_names:
+    sample = fidelity_check.sample_rows(shard.rows, settings.rows)
+    picked = shard.dataset.select(sample).with_format(None)
+    if "loss_mask" in shard.dataset.column_names:
         masks = picked["loss_mask"]
     else:
         log.warning("%s: the dataset has no loss_mask column: every position counts as an assistant one", where)
-        masks = [[1] * len(ids_by_row[r]) for r in sample]
+        masks = [[1] * len(shard.ids_by_row[r]) for r in sample]
     head = fidelity_check.read_head(target_dir, trust_remote_code)
     samples = [
-        fidelity_check.Sample(r, read_states(staging / file_name(r), format), ids_by_row[r], mask)
+        fidelity_check.Sample(r, read_states(shard.staging / file_name(r), shard.format), shard.ids_by_row[r], mask)
         for r, mask in zip(sample, masks, strict=True)
     ]
-    measured = fidelity_check.measure(head, samples, extracted)
+    measured = fidelity_check.measure(head, samples, shard.extracted)
     log.info(
         "fidelity of %s: rows %s: top-1 agreement %s on %d assistant positions (bar %s, %s), %s on all; "
         "layers %s (%.1f s)", where, sample, measured["top1_assistant"], measured["assistant_tokens"],
@@ -268,7 +260,7 @@ def check_staged_fidelity(
         fidelity_check.check(measured, settings.min_top1, where, settings.basis)
     except fidelity_check.FidelityError as err:
         raise fidelity_check.FidelityError(
-            f"{err}. Nothing was published; the staged files in {staging} are kept (a rerun with another "
+            f"{err}. Nothing was published; the staged files in {shard.staging} are kept (a rerun with another "
             "bar reuses them; delete that folder to extract them again)"
         ) from None
     return fidelity_check.record(measured, settings)

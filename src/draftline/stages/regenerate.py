@@ -56,6 +56,7 @@ from draftline.atomic import atomic_dir, atomic_file
 from draftline.config_schema import default
 from draftline.content_hash import sha256_file
 from draftline.engine import EngineSettings, shutdown, target_llm
+from draftline.shards import ShardJob
 
 log = logging.getLogger(__name__)
 
@@ -500,26 +501,24 @@ def regenerate_shard(
     target_dir: str | Path,
     conversations_path: str | Path,
     settings_path: str | Path,
-    shard: int,
-    num_shards: int,
-    out_dir: str | Path,
+    job: ShardJob,
     settings: RegenerateSettings,
     *,
-    staging_root: str | Path | None = None,
     llm=None,
 ) -> dict:
-    """Answer shard `shard` of `num_shards` of the prompts file into `out_dir` (its
-    `conversations.jsonl` and `summary.json`, published in one rename); return the summary.
+    """Answer `job`'s shard of the prompts file into its folder (its `conversations.jsonl` and
+    `summary.json`, published in one rename); return the summary.
 
-    `settings_path` is `write_answer_settings`' file (the answer key, the row count).
-    `staging_root` (default `<out_dir's parent>/.staging`) keeps finished chunks across a
-    killed job; conversations a valid chunk holds are not answered again.
+    `settings_path` is `write_answer_settings`' file (the answer key, the row count). The job's
+    staging folder (default `<out_dir's parent>/.staging`) keeps finished chunks across a killed
+    job; conversations a valid chunk holds are not answered again.
     """
-    out_dir = Path(out_dir)
+    shard, num_shards, staging_root = job.index, job.count, job.staging
+    out_dir = Path(job.out_dir)
     answer = read_answer_settings(settings_path)
     key, num_rows = answer["key"], answer["prompts"]["rows"]
     rows = shard_rows(num_rows, shard, num_shards)
-    staging = Staging(staging_root or out_dir.parent / ".staging", key)
+    staging = Staging(staging_root, key)
     staging.prepare()
     staged = _still_staged(staging, rows, conversations_path, f"{settings_path} says ({num_rows})")
     todo = [i for i in rows if i not in staged]
