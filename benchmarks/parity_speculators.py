@@ -28,7 +28,7 @@ Stages of `run` (each timed, wall seconds, into OUT/stages.json; `--stages` pick
   config's settings (epochs, lr, total_seq_len, draft vocab, ttt steps, layers, optimizer, split,
   seed) and the CPU shims draftline's `train_entry.apply_cpu_shims` applies (speculators 0.9.0's
   Trainer assumes an accelerator: plain `speculators train` stops on CPU).
-- evaluate: `draftline.evaluate.evaluate` on the run's test prompts with the run's settings (the
+- evaluate: `draftline.stages.evaluate.evaluate` on the run's test prompts with the run's settings (the
   plan of config/config.yaml), the speculators-trained last epoch as draft "trained".
 
 `record` also compares the two flows' training inputs (token ids, loss masks, hidden states,
@@ -138,7 +138,7 @@ class Server:
 
 def train_flags(p, config: dict, data: Path, save: Path) -> list[str]:
     """speculators' train flags: speculators' own data, states and vocabulary; the default
-    config's settings (draftline.train.args passes the same values)."""
+    config's settings (draftline.stages.train.args passes the same values)."""
     from draftline.plan import resolve_optimizer
 
     t = config["train"]
@@ -168,7 +168,7 @@ def train_flags(p, config: dict, data: Path, save: Path) -> list[str]:
 
 SHIM = """
 import sys
-from draftline.train_entry import apply_cpu_shims
+from draftline.stages.train_entry import apply_cpu_shims
 apply_cpu_shims()
 from speculators.__main__ import app
 sys.argv = ["speculators", "train", *sys.argv[1:]]
@@ -229,7 +229,7 @@ def run(args) -> None:
         stages_path.write_text(json.dumps(stages, indent=1))
 
     if "evaluate" in want:
-        from draftline.evaluate import EvaluateSettings, evaluate
+        from draftline.stages.evaluate import EvaluateSettings, evaluate
 
         epochs = sorted((d for d in (out / "spec_ckpt").iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
         e = config["evaluate"]
@@ -240,7 +240,7 @@ def run(args) -> None:
         started = time.monotonic()
         evaluate(target, {"test": str(REPO / "results/prompts/test.jsonl")}, {"trained": str(epochs[-1])},
                  out / "acceptance.json", settings)  # fmt: skip
-        stages["evaluate"] = {"command": f"draftline.evaluate.evaluate(test set, draft {epochs[-1]})",
+        stages["evaluate"] = {"command": f"draftline.stages.evaluate.evaluate(test set, draft {epochs[-1]})",
                               "seconds": round(time.monotonic() - started, 1), "rc": 0}  # fmt: skip
         stages_path.write_text(json.dumps(stages, indent=1))
 
@@ -359,14 +359,15 @@ def steps_from_metrics(path: Path) -> list[dict]:
         r = json.loads(line)
         if "profile" in r and "train" in r:
             rows.append({"step": r["global_step"], "loss": round(r["train"]["loss"], 3),
-                         "step_s": round(r["profile"]["step_ms"] / 1000, 1), "tokens_per_s": round(r["profile"]["tokens_per_s"], 1)})  # fmt: skip
+                         "step_s": round(r["profile"]["step_ms"] / 1000, 1), "tokens_per_s": round(r["profile"]["tokens_per_s"], 1)})
     return rows
 
 
 def record(args) -> None:
-    from draftline.artifacts.acceptance import compare_files
     from pipeline_wall_time import stage_times
     from record_run import header, header_line, load, write_record
+
+    from draftline.artifacts.acceptance import compare_files
 
     out = Path(args.out)
     p, config = plan()
@@ -388,9 +389,10 @@ def record(args) -> None:
          rate(dl_data["tokens"], sec.get("tokenize")), "done"),
         ("draftline", "hidden states (2 shards at once; wall of the longer, vLLM engine start included)", max(shards.values()),
          rate(dl_data["tokens"], max(shards.values())), "done"),
-        ("draftline", f"train (speculators' Trainer, draftline.train_entry)", None,
+        ("draftline", "train (speculators' Trainer, draftline.stages.train_entry)", None,
          round(sum(r["tokens_per_s"] for r in dl_steps) / len(dl_steps), 1),
-         f"stopped after {len(dl_steps)} of {total_steps} steps (median step {sorted(r['step_s'] for r in dl_steps)[len(dl_steps) // 2]} s)"),
+         f"stopped after {len(dl_steps)} of {total_steps} steps"
+         f" (median step {sorted(r['step_s'] for r in dl_steps)[len(dl_steps) // 2]} s)"),
         ("draftline", "evaluate", None, None, "not run"),
         ("speculators", "vLLM server start (for /render and hidden states)", stages["server_start"]["seconds"], None, "done"),
         ("speculators", "prepare-data (render via vLLM, masks, token freq)", stages["prepare"]["seconds"],
@@ -398,8 +400,9 @@ def record(args) -> None:
         ("speculators", "generate-offline-data", stages["hidden"]["seconds"], None, stages["hidden"]["status"]),
         ("speculators", "train (speculators train, CPU shims)", None,
          round(sum(r["tokens_per_s"] for r in sp_steps) / len(sp_steps), 1),
-         f"stopped after {len(sp_steps)} of {total_steps} steps (median step {sorted(r['step_s'] for r in sp_steps)[len(sp_steps) // 2]} s)"),
-        ("speculators", "evaluate (draftline.evaluate)", None, None, "not run"),
+         f"stopped after {len(sp_steps)} of {total_steps} steps"
+         f" (median step {sorted(r['step_s'] for r in sp_steps)[len(sp_steps) // 2]} s)"),
+        ("speculators", "evaluate (draftline.stages.evaluate)", None, None, "not run"),
     ]  # fmt: skip
     dl_acc, sp_acc = REPO / "results/eval/acceptance.json", out / "acceptance.json"
     comparison = compare_files(dl_acc, sp_acc, "test") if dl_acc.exists() and sp_acc.exists() else None

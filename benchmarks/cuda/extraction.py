@@ -79,6 +79,7 @@ class _HostOnlyExtractor:
 
     def __init__(self, extracted: list[int], hidden: int, max_elems: int, dtype: str):
         self.extracted, self.hidden_size, self.dtype, self.cuda = extracted, hidden, dtype, False
+        self.format = "full"  # hidden_states.format, as HFExtractor has it
         self.buf = torch.zeros(max_elems, dtype=getattr(torch, dtype))
 
     def forward(self, token_ids):
