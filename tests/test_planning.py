@@ -149,6 +149,15 @@ def test_a_missing_evaluation_set_stops_the_plan_naming_its_key(tiny_model, work
     assert "prompts.sources" not in message
 
 
+def test_a_named_set_set_to_null_is_left_out(tiny_model, workdir):
+    """A later config file is merged into evaluate.prompt_sets, so `name: null` is how it removes
+    a set an earlier one named (the default config's code, math and chat)."""
+    (workdir / "mine.jsonl").write_text(json.dumps({"prompt": "Mine?"}) + "\n")
+    config = config_for(tiny_model, evaluate={"prompt_sets": {"code": None, "mine": "mine.jsonl"}})
+    plan_for(config, workdir)
+    assert config["evaluate"]["prompt_sets"] == {"mine": "mine.jsonl"}
+
+
 def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
     with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
                                             r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):

@@ -133,6 +133,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     text of an expression only the job knows}. Sets config["run_name"] and sorts the config's keys
     in place: a dict param is compared by its repr, so reordering config.yaml never reruns a job."""
     workdir, repo = Path(workdir), Path(repo)
+    sets = config["evaluate"]["prompt_sets"]  # `name: null` in a later config file leaves a set out
+    config["evaluate"]["prompt_sets"] = {name: path for name, path in sets.items() if path is not None}
     check_relative_paths(config, workdir, repo)
     check_prompt_sources(config)
     target, identity = _resolve_target(config, workdir)
