@@ -93,3 +93,14 @@ def test_readme_is_a_front_door():
     assert commands == QUICK_START
     assert "./draftline pytest" in (REPO / ".ci" / "run").read_text()
     assert "docs/results.md" in readme
+
+
+def test_the_sizing_pages_tables_are_what_the_sizing_code_prints():
+    """docs/sizing.md's tables (per 100 M tokens on H200s and H100s, the recipes) are generated
+    from draftline.sizing's constants and the presets: a changed rate or preset changes the page in
+    the same commit, never a figure typed twice."""
+    from draftline import sizing
+
+    text = (REPO / "docs" / "sizing.md").read_text()
+    block = text.split("<!-- sizing tables:", 1)[1].split("-->", 1)[1].split("<!-- end of sizing tables -->", 1)[0]
+    assert block.strip() == sizing.docs_tables(REPO).strip(), "run: PYTHONPATH=src python -m draftline.sizing"

@@ -375,3 +375,63 @@ def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_state
     assert "at 1 GB/s (sizing.filesystem_gb_per_s" in sizing.describe(slow)
     online = estimate(sizing={"filesystem_gb_per_s": 1.0}, hidden_states={"mode": "online"})
     assert online["io_hours"] == {} and online["wall_hours"]["training"] < slow["wall_hours"]["training"]
+
+
+def test_multi_turn_regeneration_is_bounded_by_its_turns_and_context():
+    """Regeneration answers every user turn, each prompt being the conversation so far: the
+    estimate counts an answer per user turn (once the prompts job counted them) but no more than
+    fit a conversation's context, and prefills every turn's prompt; a dry run before the prompts
+    job says it took one turn per conversation."""
+    from draftline import sizing
+
+    def regeneration(user_turns):
+        plan = sizing.Plan(1000, 2048, 512, 1, 0, 128, user_turns=user_turns, context_len=2048)
+        est = sizing.estimate(sizing.LLAMA_8B, plan)
+        return est, est["device_hours"]["regeneration"]
+
+    single, single_h = regeneration(None)
+    assert single["generated_tokens"] == 1000 * 512 and single["prefilled_tokens"] == 1000 * 2048
+    three, three_h = regeneration(3000)  # three user turns a conversation: three answers, three prefills
+    assert three["generated_tokens"] == 3000 * 512 and three["prefilled_tokens"] == 3000 * 2048
+    assert three_h > 2.5 * single_h
+    many, _ = regeneration(10_000)  # ten turns of 512 do not fit 2,048 tokens: the context bounds the answers
+    assert many["generated_tokens"] == 1000 * 2048
+    assert "one answer per conversation until the prompts job counts the user turns" in sizing.describe(single)
+    assert "3,000 user turns answered" in sizing.describe(three)
+
+
+def test_the_prompts_job_counts_the_user_turns_the_sizing_reads(tmp_path):
+    from draftline import sizing
+    from draftline.stages.prompts import PromptsSettings, collect_prompts
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"},
+                          {"role": "user", "content": "more"}]} for i in range(6)]
+    rows += [{"prompt": f"single {i}"} for i in range(4)]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    collected = collect_prompts([str(source)], PromptsSettings(validation=0, test=0))
+    assert collected.summary["train_user_turns"] == 6 * 2 + 4
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(collected.summary))
+    assert sizing.planned_user_turns(summary) == 16
+    assert sizing.planned_user_turns(tmp_path / "missing.json") is None
+
+
+@pytest.mark.parametrize("preset", sorted(RECIPES))
+def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
+    """A Slurm job killed at its time limit costs a retry: each recipe's profile gives its
+    regeneration, extraction, training and evaluation jobs at least the plan's wall-time bound of
+    one job for the data the recipe is sized for, on the slower of the GPU kinds (H100)."""
+    from draftline import sizing
+
+    profile = yaml.safe_load((REPO / "profiles" / RECIPES[preset][0] / "config.yaml").read_text())["set-resources"]
+    config = sizing.recipe_config(REPO, f"config/presets/{preset}.yaml")
+    shape = sizing.RECIPES[f"config/presets/{preset}.yaml"]
+    plan = sizing.plan_from_config(config, config["prompts"]["max_samples"], RECIPES[preset][2])
+    wall = {stage: max(sizing.estimate(shape, plan, gpu=gpu)["wall_hours"][stage] for gpu in sizing.GPUS) * 60
+            for stage in ("regeneration", "extraction", "training", "evaluation")}
+    rules = {"regeneration": "regenerate_shard", "extraction": "hidden_states_shard", "training": "train",
+             "evaluation": "evaluate"}
+    short = {stage: (minutes, profile[rules[stage]]["runtime"]) for stage, minutes in wall.items()
+             if eval(str(profile[rules[stage]]["runtime"]), {"attempt": 1}) < minutes}
+    assert not short, f"runtime (minutes, attempt 1) under the plan's bound of one job: {short}"

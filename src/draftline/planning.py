@@ -371,8 +371,8 @@ def sizing_line(config: dict, plan: Plan, planned_rows: tuple[int | None, str | 
     configured lengths (draftline.sizing, docs/sizing.md), with the rates the preflight measured
     for this plan where it ran (results/preflight/report.json)."""
     from draftline.artifacts.preflight import REPORT, measured_rates
-    from draftline.sizing import SizedTarget, for_config
+    from draftline.sizing import SizedTarget, for_config, planned_user_turns
 
     measured = measured_rates(REPORT, plan.preflight_plan)
     target = SizedTarget(plan.target.kind, plan.target.config_folder, plan.target.name)
-    return for_config(config, target, plan.device, plan.train_gpus, planned_rows, measured)
+    return for_config(config, target, plan.device, plan.train_gpus, planned_rows, measured, planned_user_turns(PROMPTS_SUMMARY))

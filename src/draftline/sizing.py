@@ -1,6 +1,6 @@
 """What a config costs before it runs: GPU-hours per stage and hidden-state bytes, from the number of
 training conversations and the configured lengths (an upper bound: every conversation is taken as
-`tokenize.max_seq_len` tokens with one answer of `regenerate.max_new_tokens`).
+`tokenize.max_seq_len` tokens, every user turn answered at `regenerate.max_new_tokens`).
 
 Rates come from measurements where there are some and are scaled by FLOPs per token elsewhere;
 `RATES` says which is which (docs/sizing.md has the table and the formulas):
@@ -15,6 +15,9 @@ Rates come from measurements where there are some and are scaled by FLOPs per to
   decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token;
   transformers' own generate on the 8B shape measured 14.0k tokens/s = 0.25 of it at batch 1024, a
   lower bound (benchmarks/cuda/results/h200_8b_decode_transformers.md).
+- H100: assumed from the H200 (GPUS): the same compute, 0.70 of its memory bandwidth for decoding.
+- regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
+  at the extraction rate: `regenerated_tokens` bounds both by the turns and the context.
 - CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
   regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
   the CPU scaled by FLOPs per token the same way.
@@ -46,6 +49,25 @@ CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # CUDA, assumed (no vLLM on the GPU machine): a trained draft no slower than the target alone; an
 # untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
 SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU kind's rates as multiples of the H200's, on which the CUDA rates above were measured."""
+
+    name: str
+    compute: float  # extraction, training: matmul-bound
+    decoding: float  # regeneration, evaluation: batched decoding, memory-bandwidth-bound
+    basis: str
+
+
+GPUS = {
+    "H200": Gpu("H200", 1.0, 1.0, "the rates above"),
+    # assumed: the H100 SXM is the same GH100 chip at the same clocks (NVIDIA's data sheets give both
+    # 989 TFLOP/s of dense bf16), with 3.35 TB/s of memory bandwidth against the H200's 4.8 TB/s;
+    # 80 GB instead of 141 GB, which the config's tensor_parallel_size must fit (preflight checks it)
+    "H100": Gpu("H100", 1.0, 3.35 / 4.8, "assumed: the H200's compute, 0.70 of its memory bandwidth for decoding"),
+}
 
 
 @dataclass(frozen=True)
@@ -145,19 +167,38 @@ class Plan:
     # reading them each epoch take their bytes at this rate (None: compute and a local load only)
     filesystem_bytes_per_s: float | None = None
     hidden_state_files: bool = True  # hidden_states.mode offline (online: no files)
+    # regeneration answers every user turn: the training conversations' user turns (the prompts
+    # job counts them; None: one per conversation, until it ran) and the context each turn's
+    # prompt and answer share (vllm.max_model_len, else tokenize.max_seq_len; None: max_seq_len)
+    user_turns: int | None = None
+    context_len: int | None = None
 
 
-def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None) -> dict:
+def regenerated_tokens(plan: Plan) -> tuple[int, int]:
+    """(generated, prefilled) tokens of regeneration, a bound: every user turn answered at
+    max_new_tokens, but a conversation's answers all fit its context (a turn whose prompt no longer
+    fits ends it), and every turn's prompt, the conversation so far, prefilled again at up to the
+    context's length (vLLM's prefix cache usually saves most of that; the bound does not count on it)."""
+    if not plan.regenerate:
+        return 0, 0
+    turns = plan.conversations if plan.user_turns is None else plan.user_turns
+    context = plan.context_len or plan.max_seq_len
+    return min(turns * plan.max_new_tokens, plan.conversations * context), turns * context
+
+
+def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None, gpu: str = "H200") -> dict:
     """GPU-hours (CPU core-hours on cpu) per stage, wall hours with the configured jobs, and
     hidden-state bytes; `basis` says which rates are measured and which scaled. `measured` (a
     preflight report's rates, `artifacts.preflight.measured_rates`) replaces the regeneration and
-    extraction rates and the vLLM jobs' start-up with what the preflight measured."""
+    extraction rates and the vLLM jobs' start-up with what the preflight measured. `gpu`: a GPUS
+    kind (cuda only)."""
     tokens = plan.conversations * plan.max_seq_len
-    generated = plan.conversations * plan.max_new_tokens if plan.regenerate else 0
+    generated, prefilled = regenerated_tokens(plan)
     if device == "cuda":
-        decode = DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
-        extract = EXTRACTION_FRACTION * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
-        train = TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
+        kind = GPUS[gpu]
+        decode = kind.decoding * DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
+        extract = kind.compute * EXTRACTION_FRACTION * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
+        train = kind.compute * TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
     else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
         ref = SMOLLM2_135M
@@ -183,7 +224,7 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
     # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
     work = {
-        "regeneration": generated / decode,
+        "regeneration": generated / decode + prefilled / extract,  # prefill at the forward's rate
         "extraction": tokens / extract,
         "training": plan.epochs * tokens / train,
         "evaluation": _evaluation_work(plan, decode, SPECULATIVE_SPEEDUP[device if device == "cpu" else "cuda"]),
@@ -205,9 +246,12 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     return {
         "target": shape.name,
         "device": device,
+        "gpu": gpu if device == "cuda" else None,
         "conversations": plan.conversations,
         "tokens": tokens,
         "generated_tokens": generated,
+        "prefilled_tokens": prefilled,
+        "user_turns": plan.user_turns,
         "device_hours": {k: v / 3600 for k, v in device_s.items()},
         "wall_hours": {k: v / 3600 for k, v in wall_s.items()},
         "hidden_state_bytes": tokens * bytes_per_token,
@@ -261,7 +305,8 @@ def _basis(device: str, measured: dict | None) -> str:
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, device: str = "cuda") -> Plan:
+def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, device: str = "cuda",
+                     user_turns: int | None = None) -> Plan:
     aux = config["hidden_states"]["layer_ids"]
     dtype = config["target"].get("dtype", "auto")
     if dtype == "auto":  # draftline.plan: float32 on the CPU, bfloat16 on CUDA
@@ -286,6 +331,8 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         hidden_state_shards=config["hidden_states"]["shards"],
         filesystem_bytes_per_s=(config.get("sizing") or {}).get("filesystem_gb_per_s", 1.0) * 1e9,
         hidden_state_files=config["hidden_states"].get("mode", "offline") == "offline",
+        user_turns=user_turns,
+        context_len=(config.get("vllm") or {}).get("max_model_len") or config["tokenize"]["max_seq_len"],
     )
 
 
@@ -327,6 +374,15 @@ def planned_training_rows(config: dict, prompts_summary: str | Path | None = Non
     return (rows if cap is None else min(rows, int(cap))), None
 
 
+def planned_user_turns(prompts_summary: str | Path | None) -> int | None:
+    """The training conversations' user turns, as the prompts job counted them (None before it
+    ran, or from a summary written before it counted them)."""
+    try:
+        return int(json.loads(Path(prompts_summary).read_text())["train_user_turns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @dataclass(frozen=True)
 class SizedTarget:
     """What sizing reads of the target: its kind (local, hub, embedded), the folder holding its
@@ -340,7 +396,7 @@ class SizedTarget:
 
 def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
                planned: tuple[int | None, str | None],
-               measured: tuple[dict | None, str] = (None, "no preflight report")) -> str:
+               measured: tuple[dict | None, str] = (None, "no preflight report"), user_turns: int | None = None) -> str:
     """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
     it waits for: the target's config.json (a hub model still to download) or the count of
     training conversations (a source that cannot be counted cheaply, without prompts.max_samples).
@@ -360,11 +416,14 @@ def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
         return f"no sizing estimate before the first job: {why_not}"
     if not conversations:
         return "no sizing estimate: no training conversations are left after the held-out prompts"
-    plan = plan_from_config(config, conversations, train_gpus, device)
+    plan = plan_from_config(config, conversations, train_gpus, device, user_turns)
     rates, source = measured
     if rates is not None:
         rates = {**rates, "source": source}
     text = describe(estimate(shape, plan, device, rates))
+    if rates is None and device == "cuda":
+        h100 = estimate(shape, plan, device, gpu="H100")
+        text += f"; on H100s total {_hours(sum(h100['device_hours'].values()))} ({GPUS['H100'].basis})"
     if rates is None:
         text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
     if shape.experts and device == "cuda":
@@ -391,9 +450,15 @@ def describe(est: dict) -> str:
     stages = ", ".join(
         f"{k} {_hours(v)} ({_hours(est['wall_hours'][k])} wall)" for k, v in est["device_hours"].items() if v
     )
+    kind = f" on {est['gpu']}s" if est["device"] == "cuda" and not est["basis"].startswith("measured") else ""
+    if est["user_turns"] is None:
+        turns = "; regeneration: one answer per conversation until the prompts job counts the user turns"
+    else:
+        turns = f"; regeneration: {est['user_turns']:,} user turns answered"
     return (
         f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
-        f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens; {unit} time per stage: "
+        f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens{turns}; {unit} time per "
+        f"stage{kind}: "
         f"{stages}; total {_hours(sum(est['device_hours'].values()))}; hidden states <= "
         f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}. Upper bounds from the "
         f"configured lengths; {est['basis']} (docs/sizing.md)"
@@ -409,8 +474,9 @@ def _io(est: dict) -> str:
             f"per vLLM job" + (f", hidden-state I/O {parts} (included above)" if parts else ""))
 
 
-def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
-    """The docs' table: per 100 M tokens (conversations of seq_len, half of them generated)."""
+def table(gpu: str = "H200", tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
+    """The docs' table: per 100 M tokens (conversations of seq_len, half of them generated, one
+    user turn each), on `gpu` (a GPUS kind)."""
     conversations = tokens // seq_len
     rows = [
         "| target | GPUs per vLLM job | regeneration | extraction | training (per epoch) | evaluation | hidden states |",
@@ -419,7 +485,7 @@ def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: floa
     for shape, gpus in ((LLAMA_8B, 1), (LLAMA_70B, 4), (QWEN3_235B, 8)):
         plan = Plan(conversations, seq_len, int(seq_len * new_tokens_share), 1, 100, 128, gpus_per_vllm_job=gpus,
                     eval_headline_prompts=50)
-        est = estimate(shape, plan)
+        est = estimate(shape, plan, gpu=gpu)
         h, r = est["device_hours"], est["rates_tokens_per_s"]
         rows.append(
             f"| {shape.name} | {gpus} | {h['regeneration']:.1f} ({r['regeneration']:,.0f} tok/s/GPU, assumed) | "
@@ -430,5 +496,57 @@ def table(tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: floa
     return "\n".join(rows)
 
 
+RECIPES = {"config/presets/dense_8b.yaml": LLAMA_8B, "config/presets/moe_235b.yaml": QWEN3_235B}
+
+
+def recipe_config(repo: Path, preset: str) -> dict:
+    """config/config.yaml with the preset over it and the schema's defaults, as a run reads them."""
+    import yaml
+    from snakemake.utils import update_config, validate
+
+    config = yaml.safe_load((repo / "config/config.yaml").read_text())
+    update_config(config, yaml.safe_load((repo / preset).read_text()))
+    validate(config, str(repo / "config/schema/config.schema.yaml"), set_default=True)
+    return config
+
+
+def recipes_table(repo: Path) -> str:
+    """The recipes' cost on H200s (and H100s) for the data they are sized for (prompts.max_samples
+    single-turn conversations at tokenize.max_seq_len) and for the shipped prompts as they stand."""
+    import os
+
+    rows = [
+        "| preset | target | GPUs per vLLM job | data | H200 GPU-hours | H100 GPU-hours | hidden states | "
+        "with the shipped prompts (H200) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for preset, shape in RECIPES.items():
+        config = recipe_config(repo, preset)
+        cwd = os.getcwd()
+        try:
+            os.chdir(repo)  # the preset's relative paths
+            shipped, _ = planned_training_rows(config)
+        finally:
+            os.chdir(cwd)
+        size = config["prompts"]["max_samples"]
+        totals = {gpu: estimate(shape, plan_from_config(config, size), gpu=gpu) for gpu in GPUS}
+        small = estimate(shape, plan_from_config(config, shipped))
+        gpus = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+        data = (f"{size:,} conversations, {config['tokenize']['max_seq_len']:,} tokens, answers <= "
+                f"{config['regenerate']['max_new_tokens']:,}, {config['train']['epochs']} epochs")
+        rows.append(
+            f"| `{preset}` | {shape.name} | {gpus} | {data} | {sum(totals['H200']['device_hours'].values()):.1f} | "
+            f"{sum(totals['H100']['device_hours'].values()):.1f} | <= {_bytes(totals['H200']['hidden_state_bytes'])} | "
+            f"{shipped:,} conversations: {sum(small['device_hours'].values()):.1f} GPU-hours |"
+        )
+    return "\n".join(rows)
+
+
+def docs_tables(repo: Path) -> str:
+    """What docs/sizing.md shows between its `sizing tables` marks (tests/test_docs.py checks it)."""
+    return "\n\n".join([f"On H200s:\n\n{table('H200')}", f"On H100s ({GPUS['H100'].basis}):\n\n{table('H100')}",
+                        f"Recipes:\n\n{recipes_table(repo)}"])
+
+
 if __name__ == "__main__":
-    print(table())
+    print(docs_tables(Path(__file__).resolve().parents[2]))

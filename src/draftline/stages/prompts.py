@@ -112,6 +112,7 @@ class _Spool:
     file: object = field(default_factory=tempfile.TemporaryFile)  # deleted when closed
     offsets: array = field(default_factory=lambda: array("q", [0]))  # row k is file[offsets[k]:offsets[k + 1]]
     row_source: array = field(default_factory=lambda: array("l"))  # index into `sources` of row k
+    user_turns: array = field(default_factory=lambda: array("l"))  # user turns of row k (answers to regenerate)
     rejects: list[dict] = field(default_factory=list)
     stats: dict[str, SourceStats] = field(default_factory=dict)
 
@@ -168,6 +169,7 @@ def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], set
         line = conversation_file.encode({"id": row_id, "source": source, "messages": messages}).encode("utf-8")
         spool.offsets.append(spool.offsets[-1] + spool.file.write(line))
         spool.row_source.append(source_index)
+        spool.user_turns.append(sum(m["role"] == "user" for m in messages))
     _log_source(st)
     if st.rows_read and st.rejected == st.rows_read:
         first = next(r for r in spool.rejects if r["source"] == source)
@@ -222,6 +224,7 @@ def _split(sources: Sequence[str], spool: _Spool, settings: PromptsSettings) -> 
         "sources": per_source,
         "totals": totals,
         "train": len(capped),
+        "train_user_turns": sum(spool.user_turns[k] for k in capped_pos),  # the answers regeneration writes (sizing)
         "validation": len(val_rows),
         "test": len(test_rows),
         "over_max_samples": len(train_pos) - len(capped),
