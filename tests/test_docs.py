@@ -104,3 +104,27 @@ def test_the_sizing_pages_tables_are_what_the_sizing_code_prints():
     text = (REPO / "docs" / "sizing.md").read_text()
     block = text.split("<!-- sizing tables:", 1)[1].split("-->", 1)[1].split("<!-- end of sizing tables -->", 1)[0]
     assert block.strip() == sizing.docs_tables(REPO).strip(), "run: PYTHONPATH=src python -m draftline.sizing"
+
+
+def test_the_sizing_page_quotes_the_sizing_codes_constants():
+    """docs/sizing.md's "what is measured" table and formulas name draftline.sizing's constants
+    with their values: a constant changed in the code fails here until the page says the same."""
+    from draftline import sizing
+
+    text = (REPO / "docs" / "sizing.md").read_text()
+    quoted = [
+        f"`EXTRACTION_FRACTION` {sizing.EXTRACTION_FRACTION:g}",
+        f"`H200_MATMUL_FLOPS`, {sizing.H200_MATMUL_FLOPS / 1e12:g} TFLOP/s",
+        f"`TRAIN_TOKENS_PER_S_8B` {sizing.TRAIN_TOKENS_PER_S_8B:,} tokens/s",
+        f"at {sizing.DECODE_FRACTION:g} of the matmul limit",
+        f"`START_S` {sizing.START_S:g} s",
+        f"`LOAD_BYTES_PER_S` {sizing.LOAD_BYTES_PER_S / 1e9:g} GB/s",
+        "CPU: trained {trained:g}, untrained {untrained:g}".format(**sizing.SPECULATIVE_SPEEDUP["cpu"]),
+        "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
+        "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),
+        f"0.{round(sizing.GPUS['H100'].decoding * 100)} of the H200's",
+        f"`N T / ({sizing.EXTRACTION_FRACTION:g} R / F)`",
+        f"`E N T / ({sizing.TRAIN_TOKENS_PER_S_8B:,} x D_8B / D)`",
+    ]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/sizing.md does not say: {missing}"
