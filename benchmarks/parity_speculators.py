@@ -67,7 +67,7 @@ def plan():
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, schema=str(REPO / "config/schema/config.schema.yaml"))
     p = planning.plan(config, workdir=REPO, repo=REPO, executor=None, remote_exec=False,
-                      gpu_overrides=planning.gpu_overrides({}))  # fmt: skip
+                      gpu_overrides=planning.gpu_overrides({}))
     return p, config
 
 
@@ -77,7 +77,7 @@ def timed(stages: dict, name: str, cmd: list[str], log: Path, env: dict | None =
     with log.open("w") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
     stages[name] = {"command": " ".join(cmd), "seconds": round(time.monotonic() - started, 1), "rc": rc, "log": str(log),
-                    "status": "done" if rc == 0 else f"failed (rc {rc})"}  # fmt: skip
+                    "status": "done" if rc == 0 else f"failed (rc {rc})"}
     print(f"[{name}] rc {rc} in {stages[name]['seconds']} s", flush=True)
     if rc:
         raise SystemExit(f"{name} failed: see {log}")
@@ -102,7 +102,7 @@ class Server:
 
         self.port = free_port()
         settings = ServerSettings(target_dir=target, extracted=tuple(extracted),
-                                  engine=replace(engine, max_model_len=2048, threads=2), cuda=False)  # fmt: skip
+                                  engine=replace(engine, max_model_len=2048, threads=2), cuda=False)
         self.cmd = [*server_command(settings, self.port, out / "server_scratch"), "--enable-scale-out"]
         self.env = server_env(settings, None)
         self.log = out / "server.log"
@@ -112,7 +112,7 @@ class Server:
         print(f"[server] {' '.join(self.cmd)}", flush=True)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
+                                     start_new_session=True)
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit(f"vLLM server stopped: see {self.log}")
@@ -163,7 +163,7 @@ def train_flags(p, config: dict, data: Path, save: Path) -> list[str]:
         "--hidden-states-dtype", "float32", "--loss-implementation", "eager", "--draft-attn-impl", "sdpa",
         "--num-workers", "0", "--on-missing", "raise",
         "--save-path", str(save), "--log-dir", str(save / "logs"),
-    ]  # fmt: skip
+    ]
 
 
 SHIM = """
@@ -202,12 +202,12 @@ def run(args) -> None:
                                           "--output", str(data), "--seq-length", str(config["tokenize"]["max_seq_len"]),
                                           "--render-endpoint", server.url, "--seed", "0", "--no-skip-token-freq",
                                           "--num-preprocessing-workers", "2", "--overwrite"],
-                      out / "prepare.log")  # fmt: skip
+                      out / "prepare.log")
             if "hidden" in want:
                 timed(stages, "hidden", [*spec, "generate-offline-data", "--model", target, "--endpoint",
                                          f"{server.url}/v1", "--preprocessed-data", str(data),
                                          "--concurrency", "2", "--validate-outputs", "--fail-on-error"],
-                      out / "hidden.log")  # fmt: skip
+                      out / "hidden.log")
         stages_path.write_text(json.dumps(stages, indent=1))
 
     if "hidden_from_draftline" in want:
@@ -217,7 +217,7 @@ def run(args) -> None:
         started = time.monotonic()
         stages["hidden_from_draftline"] = {**map_draftline_states(data, REPO / "results/tokenized/dataset",
                                                                   REPO / "results/hidden_states/all"),
-                                           "seconds": None}  # fmt: skip
+                                           "seconds": None}
         stages["hidden_from_draftline"]["seconds"] = round(time.monotonic() - started, 1)
         stages_path.write_text(json.dumps(stages, indent=1))
 
@@ -236,12 +236,12 @@ def run(args) -> None:
         settings = p.engine.stage(EvaluateSettings, num_speculative_tokens=e["num_speculative_tokens"],
                                   max_new_tokens=e["max_new_tokens"], max_prompts=e["max_prompts"], seed=e["seed"],
                                   chat_template=config["target"]["chat_template"],
-                                  chat_template_kwargs=config["target"]["chat_template_kwargs"], threads=1)  # fmt: skip
+                                  chat_template_kwargs=config["target"]["chat_template_kwargs"], threads=1)
         started = time.monotonic()
         evaluate(target, {"test": str(REPO / "results/prompts/test.jsonl")}, {"trained": str(epochs[-1])},
-                 out / "acceptance.json", settings)  # fmt: skip
+                 out / "acceptance.json", settings)
         stages["evaluate"] = {"command": f"draftline.stages.evaluate.evaluate(test set, draft {epochs[-1]})",
-                              "seconds": round(time.monotonic() - started, 1), "rc": 0}  # fmt: skip
+                              "seconds": round(time.monotonic() - started, 1), "rc": 0}
         stages_path.write_text(json.dumps(stages, indent=1))
 
 
@@ -311,10 +311,10 @@ def mask_differences(dl_dataset: Path, data: Path, target: str) -> dict:
             continue
         matched += 1
         diff = sorted({(tok.decode([ids[i]]), dl[ids][i], r["loss_mask"][i])
-                       for i, (a, b) in enumerate(zip(dl[ids], r["loss_mask"])) if a != b})  # fmt: skip
+                       for i, (a, b) in enumerate(zip(dl[ids], r["loss_mask"])) if a != b})
         kinds[json.dumps(diff) if len(diff) <= 2 else "many tokens (a multi-turn conversation's last row)"] += 1
     return {"identical_token_rows": matched, "rows_without_identical_draftline_row": len(other),
-            "their_supervised_tokens": sum(other), "mask_differences_rows": dict(kinds.most_common())}  # fmt: skip
+            "their_supervised_tokens": sum(other), "mask_differences_rows": dict(kinds.most_common())}
 
 
 def states_check(own: Path, mapped: Path) -> dict | None:
@@ -364,8 +364,7 @@ def steps_from_metrics(path: Path) -> list[dict]:
 
 
 def record(args) -> None:
-    from pipeline_wall_time import stage_times
-    from record_run import header, header_line, load, write_record
+    from record_run import header, header_line, load, stage_times, write_record
 
     from draftline.artifacts.acceptance import compare_files
 
@@ -378,32 +377,36 @@ def record(args) -> None:
     sp_data = dataset_tokens(out / "data")
     run_dir = next((REPO / "results/checkpoint/runs").iterdir())
     dl_steps, sp_steps = steps_from_metrics(run_dir / "metrics.jsonl"), steps_from_log(out / "train.log")
-    total_steps = "224"  # 4 epochs x 56 optimizer steps of 1024 tokens (both Trainers' progress lines)
     shards = {k: v for k, v in sec.items() if k.startswith("hidden_states/shard")}
 
     def rate(tokens, seconds):
         return round(tokens / seconds, 1) if tokens and seconds else None
 
+    def training(steps, seconds, finished):
+        median = sorted(r["step_s"] for r in steps)[len(steps) // 2] if steps else None
+        return (seconds, round(sum(r["tokens_per_s"] for r in steps) / len(steps), 1) if steps else None,
+                f"{'done' if finished else 'stopped'}: {len(steps)} steps logged (median step {median} s)")
+
+    sp_train, sp_eval = stages.get("train", {}), stages.get("evaluate")
     rows = [
         ("draftline", "tokenize (loss masks, token freq; speculators' preprocessing writes the dataset)", sec.get("tokenize"),
          rate(dl_data["tokens"], sec.get("tokenize")), "done"),
         ("draftline", "hidden states (2 shards at once; wall of the longer, vLLM engine start included)", max(shards.values()),
          rate(dl_data["tokens"], max(shards.values())), "done"),
-        ("draftline", "train (speculators' Trainer, draftline.stages.train_entry)", None,
-         round(sum(r["tokens_per_s"] for r in dl_steps) / len(dl_steps), 1),
-         f"stopped after {len(dl_steps)} of {total_steps} steps"
-         f" (median step {sorted(r['step_s'] for r in dl_steps)[len(dl_steps) // 2]} s)"),
-        ("draftline", "evaluate", None, None, "not run"),
+        ("draftline", "train (speculators' Trainer, draftline.stages.train_entry)",
+         *training(dl_steps, sec.get("train"), (REPO / "results/checkpoint/final").is_dir())),
+        ("draftline", "evaluate (every set, trained and untrained drafts, target alone)", sec.get("evaluate"), None,
+         "done" if sec.get("evaluate") else "not run"),
         ("speculators", "vLLM server start (for /render and hidden states)", stages["server_start"]["seconds"], None, "done"),
         ("speculators", "prepare-data (render via vLLM, masks, token freq)", stages["prepare"]["seconds"],
          rate(sp_data["tokens"], stages["prepare"]["seconds"]), "done"),
-        ("speculators", "generate-offline-data", stages["hidden"]["seconds"], None, stages["hidden"]["status"]),
-        ("speculators", "train (speculators train, CPU shims)", None,
-         round(sum(r["tokens_per_s"] for r in sp_steps) / len(sp_steps), 1),
-         f"stopped after {len(sp_steps)} of {total_steps} steps"
-         f" (median step {sorted(r['step_s'] for r in sp_steps)[len(sp_steps) // 2]} s)"),
-        ("speculators", "evaluate (draftline.stages.evaluate)", None, None, "not run"),
-    ]  # fmt: skip
+        ("speculators", "generate-offline-data", stages.get("hidden", {}).get("seconds"), None,
+         stages.get("hidden", {}).get("status", "not run")),
+        ("speculators", "train (speculators train, CPU shims)",
+         *training(sp_steps, sp_train.get("seconds"), sp_train.get("rc") == 0 and "status" not in sp_train)),
+        ("speculators", "evaluate (draftline.stages.evaluate, test set, trained draft only)",
+         sp_eval["seconds"] if sp_eval else None, None, "done" if sp_eval else "not run"),
+    ]
     dl_acc, sp_acc = REPO / "results/eval/acceptance.json", out / "acceptance.json"
     comparison = compare_files(dl_acc, sp_acc, "test") if dl_acc.exists() and sp_acc.exists() else None
     rec = {
@@ -436,10 +439,10 @@ def markdown(rec: dict, header: str, notes: str) -> str:
     lines += ["| side | stage | wall s | tokens/s | status |", "|---|---|---|---|---|"]
     for r in rec["stages"]:
         lines.append(f"| {r['side']} | {r['stage']} | {r['seconds'] if r['seconds'] is not None else '-'} | "
-                     f"{r['tokens_per_s'] if r['tokens_per_s'] is not None else '-'} | {r['status']} |")  # fmt: skip
+                     f"{r['tokens_per_s'] if r['tokens_per_s'] is not None else '-'} | {r['status']} |")
     d = rec["data"]
     lines += ["", f"Repeats: {rec['repeats']}. Training tokens/s: the mean of the steps' own figures.", "",
-              f"Data: draftline {d['draftline']}; speculators {d['speculators']}.", ""]  # fmt: skip
+              f"Data: draftline {d['draftline']}; speculators {d['speculators']}.", ""]
     if rec.get("load_during"):
         lines += [f"1-minute load while this ran: {rec['load_during']}.", ""]
     m, h, v = rec["masks"], rec["hidden_states_check"], rec["vocab"]
@@ -450,7 +453,7 @@ def markdown(rec: dict, header: str, notes: str) -> str:
               f"{compared}; vocab maps "
               f"{'identical' if v['d2t_identical'] and v['t2d_identical'] else 'different'}; loss masks: "
               f"{d['speculators']['supervised_tokens'] - d['draftline']['supervised_tokens']:+d} supervised tokens "
-              f"on speculators' side (the notes say where).**", "", header, "", notes.strip()]  # fmt: skip
+              f"on speculators' side (the notes say where).**", "", header, "", notes.strip()]
     return "\n".join(lines) + "\n"
 
 
