@@ -325,13 +325,18 @@ def states_check(own: Path, mapped: Path) -> dict | None:
     files = sorted(own.glob("hs_*.safetensors"))
     if not files:
         return None
-    worst, tokens = 0.0, 0
+    worst, relative, tokens, identical = 0.0, 0.0, 0, 0
     for f in files:
         a, b = load_file(str(f)), load_file(str(mapped / f.name))
         assert torch.equal(a["token_ids"], b["token_ids"]), f
-        worst = max(worst, (a["hidden_states"] - b["hidden_states"]).abs().max().item())
+        diff = (a["hidden_states"] - b["hidden_states"]).abs()
+        identical += int(diff.max().item() == 0)
+        worst = max(worst, diff.max().item())
+        # per token and layer: |difference| over the state's own largest magnitude
+        relative = max(relative, (diff.amax(-1) / a["hidden_states"].abs().amax(-1).clamp_min(1e-12)).max().item())
         tokens += len(a["token_ids"])
-    return {"rows": len(files), "tokens": tokens, "token_ids_identical": True, "max_abs_difference": worst}
+    return {"rows": len(files), "tokens": tokens, "token_ids_identical": True, "identical_rows": identical,
+            "max_abs_difference": worst, "max_relative_difference": relative}
 
 
 def vocab_check(data: Path) -> dict:
@@ -400,10 +405,11 @@ def record(args) -> None:
         ("speculators", "vLLM server start (for /render and hidden states)", stages["server_start"]["seconds"], None, "done"),
         ("speculators", "prepare-data (render via vLLM, masks, token freq)", stages["prepare"]["seconds"],
          rate(sp_data["tokens"], stages["prepare"]["seconds"]), "done"),
-        ("speculators", "generate-offline-data", stages.get("hidden", {}).get("seconds"), None,
+        ("speculators", "generate-offline-data (--concurrency 2; server already up)", stages.get("hidden", {}).get("seconds"),
+         rate(sp_data["tokens"], stages.get("hidden", {}).get("seconds")) if stages.get("hidden", {}).get("rc") == 0 else None,
          stages.get("hidden", {}).get("status", "not run")),
         ("speculators", "train (speculators train, CPU shims)",
-         *training(sp_steps, sp_train.get("seconds"), sp_train.get("rc") == 0 and "status" not in sp_train)),
+         *training(sp_steps, sp_train.get("seconds"), sp_train.get("status") == "done")),
         ("speculators", "evaluate (draftline.stages.evaluate, test set, trained draft only)",
          sp_eval["seconds"] if sp_eval else None, None, "done" if sp_eval else "not run"),
     ]
@@ -446,11 +452,15 @@ def markdown(rec: dict, header: str, notes: str) -> str:
     if rec.get("load_during"):
         lines += [f"1-minute load while this ran: {rec['load_during']}.", ""]
     m, h, v = rec["masks"], rec["hidden_states_check"], rec["vocab"]
-    same_states = h and h["max_abs_difference"] == 0
-    compared = f" ({h['rows']} rows compared)" if h else ""
+    if not h:
+        states = "hidden states not compared"
+    elif h["max_abs_difference"] == 0:
+        states = f"hidden states bit-identical ({h['rows']} rows compared)"
+    else:
+        states = (f"hidden states bit-identical in {h['identical_rows']} of {h['rows']} rows, the rest within "
+                  f"{h['max_abs_difference']:.2g} absolute ({h['max_relative_difference']:.1e} of the state's largest value)")
     lines += [f"**Inputs of training: token ids identical in all {m['identical_token_rows']} of draftline's rows; "
-              f"hidden states {'bit-identical' if same_states else 'different'}"
-              f"{compared}; vocab maps "
+              f"{states}; vocab maps "
               f"{'identical' if v['d2t_identical'] and v['t2d_identical'] else 'different'}; loss masks: "
               f"{d['speculators']['supervised_tokens'] - d['draftline']['supervised_tokens']:+d} supervised tokens "
               f"on speculators' side (the notes say where).**", "", header, "", notes.strip()]
