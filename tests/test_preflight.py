@@ -204,8 +204,12 @@ def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
     assert "no preflight rates (no preflight report)" in assumed
     measured = line(plan_made)
     assert "measured by this run's preflight" in measured and "regeneration 400 tok/s (4 prompts at once" in measured
-    # 1000 x 512 tokens at 400 tok/s = 21 min of regeneration, plus 40 s of start-up
-    assert "regeneration 22 min" in measured and "regeneration 22 min" not in assumed, (measured, assumed)
+    # 1000 x 512 tokens at 400 tok/s = 21 min of regeneration, plus the prompts prefilled (1000 of
+    # up to 2,048 tokens at the assumed extraction rate, 70 s: no extraction rate was measured) and
+    # 40 s of start-up
+    prefill = 1000 * 2048 / sizing.estimate(sizing.LLAMA_8B, sizing.Plan(1, 2048, 0, 1, 0, 0))["rates_tokens_per_s"]["extraction"]
+    assert round((1000 * 512 / 400 + prefill + 40) / 60) == 23
+    assert "regeneration 23 min" in measured and "regeneration 23 min" not in assumed, (measured, assumed)
     other = line({**plan_made, "engine": {**CUDA_PLAN, "dtype": "float16"}})
     assert "was measured for another target, device, dtype" in other
     assert other.split("; no preflight rates")[0] == assumed.split("; no preflight rates")[0]

@@ -61,7 +61,8 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert sizing, text[-3000:]
     assert int(sizing.group(1).replace(",", "")) == 865 - held_out
     assert int(sizing.group(2).replace(",", "")) == config["tokenize"]["max_seq_len"]
-    assert "GPU time per stage: regeneration" in text and "hidden states <=" in text
+    assert "GPU time per stage on H200s: regeneration" in text and "hidden states <=" in text
+    assert "; on H100s total " in text  # beside the H200s, with its basis
 
     resources = _resources(out.stdout)
     for rule in ("regenerate_shard", "hidden_states_shard", "evaluate"):
