@@ -32,6 +32,7 @@ TITLES = {
     "default_acceptance": "Acceptance on the embedded default (`config/config.yaml`, EAGLE-3)",
     "dflash_default_acceptance": "Acceptance on the embedded default's data with `draft.algorithm: dflash`",
     "preset_acceptance": "Acceptance with the preset `config/presets/acceptance.yaml`",
+    "preset_candidate_320tokens_6epochs": "A candidate for the acceptance preset, not chosen (answers <= 320 tokens, 6 epochs)",
     "pipeline_default": "The quick start's wall time, stage by stage (embedded default)",
     "pipeline_default_loaded": "The quick start's wall time on a loaded machine",
     "fp8_hidden_states": "fp8 vs full hidden states, two unpaired runs",
