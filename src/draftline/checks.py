@@ -88,12 +88,13 @@ def check_config(config: dict, shape: TargetShape | None, device: str | None = N
             "read once and deleted); drop hidden_states.format, or set hidden_states.mode: offline"
         )
     ranks = config["target"].get("tensor_parallel_size", 1) * config["target"].get("pipeline_parallel_size", 1)
-    if hs.get("mode") == "online" and device == "cuda" and hs.get("online_server_gpus", 1) != ranks:
+    # 0: the server shares the Trainer's first GPUs (a one-GPU machine)
+    if hs.get("mode") == "online" and device == "cuda" and hs.get("online_server_gpus", 1) not in (0, ranks):
         raise ConfigError(
             f"hidden_states.online_server_gpus = {hs['online_server_gpus']}, but the online server loads the "
             "target as every vLLM engine of the run does, split over target.tensor_parallel_size x "
-            f"pipeline_parallel_size = {ranks} GPU(s): set hidden_states.online_server_gpus: {ranks} (or change "
-            "target.tensor_parallel_size)"
+            f"pipeline_parallel_size = {ranks} GPU(s): set hidden_states.online_server_gpus: {ranks} (or 0 to "
+            "share the Trainer's GPUs, or change target.tensor_parallel_size)"
         )
     engine_len, max_seq_len = (config.get("vllm") or {}).get("max_model_len"), config["tokenize"]["max_seq_len"]
     if engine_len is not None and engine_len > max_seq_len and config.get("regenerate", {}).get("enabled", True):

@@ -26,6 +26,15 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def vllm_cuda_env() -> dict:
+    """vLLM variables a CUDA engine needs in this environment (the user's own values win): without
+    flashinfer (an optional kernel package: a cluster's ready environment or the GPU test host's
+    bundle may lack it) vLLM's sampler must not ask for it, or the engine does not start."""
+    import importlib.util
+
+    return {} if importlib.util.find_spec("flashinfer") else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def dtype_for(requested: str, cuda: bool) -> str:
     """float32 on CPU (AVX2-only CPUs run bf16 ~5x slower), bfloat16 on CUDA."""
     if requested != "auto":
@@ -280,6 +289,9 @@ def target_llm(
     `in_process`: on CPU, a one-rank engine's core may run in this process (configure_vllm_cpu);
     `engine_args` (a speculative config, a KV connector, stats) go to `vllm.LLM` as they are."""
     configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks, in_process=in_process)
+    if has_cuda():
+        for key, value in vllm_cuda_env().items():
+            os.environ.setdefault(key, value)
     from vllm import LLM
 
     return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), gpu_memory_utilization), **engine_args)

