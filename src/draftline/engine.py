@@ -32,7 +32,22 @@ def vllm_cuda_env() -> dict:
     bundle may lack it) vLLM's sampler must not ask for it, or the engine does not start."""
     import importlib.util
 
-    return {} if importlib.util.find_spec("flashinfer") else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    # spawn: a job has started CUDA (torch.cuda.is_available, the fidelity check) before its engine,
+    # and a forked engine process cannot use CUDA then
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    if not importlib.util.find_spec("flashinfer"):
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return env
+
+
+def vllm_has_engine_arg(name: str) -> bool:
+    """Whether the installed vLLM takes engine argument `name` (the two vLLM versions the GPU locks
+    offer differ: 0.26 has no per_request_spec_decode_metrics)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return name in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
 def dtype_for(requested: str, cuda: bool) -> str:

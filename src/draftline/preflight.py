@@ -445,7 +445,13 @@ def import_vllm(device: str) -> str:
     from vllm import LLM  # noqa: F401 - the engine class every stage builds
 
     if device == "cuda":
-        import vllm._C  # noqa: F401
+        import importlib
+
+        # the compiled ops' module: vllm._C up to 0.26's predecessors, vllm._C_stable_libtorch in 0.26
+        try:
+            importlib.import_module("vllm._C")
+        except ModuleNotFoundError:
+            importlib.import_module("vllm._C_stable_libtorch")
     return vllm.__version__
 
 

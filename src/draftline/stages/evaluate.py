@@ -36,7 +36,7 @@ from draftline import algorithms
 from draftline.artifacts import acceptance as record
 from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
 from draftline.config_schema import default
-from draftline.engine import EngineSettings, shutdown, target_llm
+from draftline.engine import EngineSettings, shutdown, target_llm, vllm_has_engine_arg
 from draftline.sources import read_first_turns
 
 log = logging.getLogger(__name__)
@@ -202,8 +202,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
         config = Path(draft) / "config.json"
         algorithm = algorithms.of_config(json.loads(config.read_text()), str(config))
         extra["speculative_config"] = algorithm.speculative_config(draft, settings.num_speculative_tokens)
-        # per-prompt acceptance, for the spread of each set's figure
-        extra["per_request_spec_decode_metrics"] = "summary"
+        # per-prompt acceptance, for the spread of each set's figure (where this vLLM keeps it)
+        if vllm_has_engine_arg("per_request_spec_decode_metrics"):
+            extra["per_request_spec_decode_metrics"] = "summary"
     # the spec-decode counters are only kept with stats on
     return target_llm(target_dir, settings, disable_log_stats=False, **extra)
 
