@@ -7,7 +7,7 @@ every draftline job imports must import (else exit 1, naming them); every other 
 or is missing is listed, not refused (a cluster's module may carry its own builds). The versions
 each step's results depend on (vLLM, torch, transformers, speculators) are checked again by each
 job against the pins it was planned with (draftline.plan.check_job_environment): set
-DRAFTLINE_GPU_LOCK to the lock whose pins this environment has. Standard library only.
+DRAFTLINE_GPU_LOCKFILE to the lock whose pins this environment has. Standard library only.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def main(lock: Path) -> int:
     if missing:
         print(f"draftline:   not installed ({len(missing)}): {listed(missing)}")
     if planned:
-        print(f"draftline:   jobs will stop on their pin check: {', '.join(planned)}; set DRAFTLINE_GPU_LOCK "
-              "to the lock of these versions (requirements/gpu-locks.txt) or use another environment")
+        print(f"draftline:   jobs will stop on their pin check: {', '.join(planned)}; set DRAFTLINE_GPU_LOCKFILE "
+              "to the lock of these versions (requirements/gpu-lockfiles.txt) or use another environment")
     if broken:
         print(f"draftline: the environment lacks what every job imports: {'; '.join(broken)}")
         return 1

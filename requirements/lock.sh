@@ -12,8 +12,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UV="${UV:-uv}"
 PYTHONS=(3.11 3.12)
-# the GPU locks (requirements/gpu-locks.txt: one name a line, the first the default)
-mapfile -t LOCKS < <(grep -v '^#' "$ROOT/requirements/gpu-locks.txt" | grep .)
+# the GPU locks (requirements/gpu-lockfiles.txt: one name a line, the first the default)
+mapfile -t LOCKS < <(grep -v '^#' "$ROOT/requirements/gpu-lockfiles.txt" | grep .)
 EXCLUDE_NEWER=2026-12-02T00:00:00Z
 CONDA_PYTHON=3.11   # envs/gpu.yaml's python, so its pip list is that Python's lock of the default GPU lock
 CONDA_LOCK="requirements/gpu-${LOCKS[0]}-py$CONDA_PYTHON.lock.txt"

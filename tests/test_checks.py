@@ -112,6 +112,8 @@ def test_the_online_server_takes_the_gpus_of_the_runs_vllm_split():
         check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cuda")
     check_config(small(target={"tensor_parallel_size": 2}, hidden_states={**online, "online_server_gpus": 2}), shape, "cuda")
     check_config(small(target={"tensor_parallel_size": 2}, hidden_states=online), shape, "cpu")  # CPU: threads, not GPUs
+    # 0: the server shares the Trainer's GPUs, whatever the split
+    check_config(small(target={"tensor_parallel_size": 2}, hidden_states={**online, "online_server_gpus": 0}), shape, "cuda")
 
 
 def test_parallel_sizes_vllm_can_run():

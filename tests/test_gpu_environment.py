@@ -22,6 +22,8 @@ import pytest
 import yaml
 from workflow import REPO, copy_workflow
 
+from draftline.plan import gpu_locks
+
 pytestmark = pytest.mark.gpu_env
 
 # preset -> its Slurm profile, the hub id it names, the target's folder under tests/data/targets
@@ -105,18 +107,22 @@ def run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recipes_for_cuda(tmp_path):
+@pytest.mark.parametrize("gpu_lock", gpu_locks(REPO))
+def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recipes_for_cuda(tmp_path, gpu_lock):
+    """Each GPU lock (requirements/gpu-lockfiles.txt): vllm0.26, the one that ran on an H200, and
+    vllm0.32, the newest, installed and planned only."""
     venv, uv_cache = tmp_path / "gpu-venv", tmp_path / "uv-cache"  # a cache of its own: from nothing, and removed after
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "DRAFTLINE_PYTHON")}
     # DRAFTLINE_COMPILE_BYTECODE=0: no bytecode for these two builds, which checks installs, imports and
     # plans, not speed (with it the test took minutes longer: benchmarks/results/test_suite_time.md)
-    env.update(DRAFTLINE_ENV="gpu", DRAFTLINE_VENV=str(venv), UV_CACHE_DIR=str(uv_cache), DRAFTLINE_COMPILE_BYTECODE="0",
+    env.update(DRAFTLINE_ENV="gpu", DRAFTLINE_GPU_LOCKFILE=gpu_lock, DRAFTLINE_VENV=str(venv), UV_CACHE_DIR=str(uv_cache),
+               DRAFTLINE_COMPILE_BYTECODE="0",
                HF_HOME=str(offline_hub_cache(tmp_path / "hf")), HF_HUB_OFFLINE="1")
     draftline = str(REPO / "draftline")
     try:
         # 0. the CPU environment first, in the same folder, as on a login node that built the
         #    wrong kind: turned into the GPU one below, it must not keep its torch 2.13.0+cpu
-        #    (which satisfies the GPU lock's torch==2.13.0). From the user's uv cache, which the
+        #    (which satisfies the newest GPU lock's torch==2.13.0). From the user's uv cache, which the
         #    test command's own CPU environment has just filled: only the GPU list is downloaded.
         cpu_env = {k: v for k, v in env.items() if k != "UV_CACHE_DIR"} | {"DRAFTLINE_ENV": "cpu"}
         cpu = run([draftline, "python", "-c", "import torch; print(torch.__version__)"], tmp_path, cpu_env)
@@ -125,7 +131,7 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
         # 1. built by ./draftline with the lock of this Python
         built = run([draftline, "python", "-c", CHECK], tmp_path, env)
         check = json.loads(next(line for line in built.stdout.splitlines() if line.startswith("CHECK "))[6:])
-        lock = REPO / f"requirements/gpu-py{check['python']}.lock.txt"
+        lock = REPO / f"requirements/gpu-{gpu_lock}-py{check['python']}.lock.txt"
         assert f"draftline: setting up {venv} for gpu from {lock.relative_to(REPO)}" in built.stderr, built.stderr
 
         # exactly the lock, nothing else: every pin at its version, plus pip (the venv's) and the
@@ -140,9 +146,11 @@ def test_the_gpu_environment_installs_from_the_lock_and_plans_both_cluster_recip
         assert check["torch_cuda"] == cuda
         assert check["torch"] == f"{pins['torch']}+cu{cuda.replace('.', '')}"
 
-        # 2. a second call uses it as it is (the stamp names the kind and the lock's content), and
-        #    the locks and envs/gpu.yaml are what gpu.in resolves to (uv is on the venv's PATH)
-        again = run([draftline, "requirements/lock.sh", "--check"], REPO, env)
+        # 2. a second call uses it as it is (the stamp names the kind, the lock and its content), and
+        #    the locks and envs/gpu.yaml are what the gpu-<lock>.in files resolve to (uv is on the
+        #    venv's PATH; it resolves every lock, so once)
+        again = run([draftline, *(["requirements/lock.sh", "--check"] if gpu_lock == gpu_locks(REPO)[0] else ["true"])],
+                    REPO, env)
         assert "setting up" not in again.stderr
 
         # 3. both recipes plan inside it, as docs/cluster.md runs them, in a copy of the workflow

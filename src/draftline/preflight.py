@@ -439,7 +439,8 @@ def _memory_check(node: Node, env: EnvironmentPlan, target: TargetFacts | None) 
 
 
 def import_vllm(device: str) -> str:
-    """vLLM's version once it imported with its compiled ops (on CUDA `vllm._C`, which fails when
+    """vLLM's version once it imported with its compiled ops (on CUDA `vllm._C`, or
+    `vllm._C_stable_libtorch` from vLLM 0.26 on, which fail when
     the wheel was built against another torch build than the one installed); raises otherwise."""
     import vllm
     from vllm import LLM  # noqa: F401 - the engine class every stage builds
@@ -447,8 +448,7 @@ def import_vllm(device: str) -> str:
     if device == "cuda":
         import importlib
 
-        # the compiled ops' module: vllm._C up to 0.26's predecessors, vllm._C_stable_libtorch in 0.26
-        try:
+        try:  # the two vLLM versions the GPU locks offer name the module differently
             importlib.import_module("vllm._C")
         except ModuleNotFoundError:
             importlib.import_module("vllm._C_stable_libtorch")
@@ -457,7 +457,7 @@ def import_vllm(device: str) -> str:
 
 def _vllm_check(vllm: str | BaseException, node: Node, env: EnvironmentPlan) -> Check:
     if isinstance(vllm, str):
-        return passed(VLLM, f"vLLM {vllm}" + (" with its CUDA kernels (vllm._C)" if env.device == "cuda" else ""))
+        return passed(VLLM, f"vLLM {vllm}" + (" with its CUDA kernels" if env.device == "cuda" else ""))
     return failed(VLLM, (
         f"{_one_line(vllm, 400)}: a vLLM wheel runs with the torch build it was compiled against; this "
         f"environment has torch {node.torch_version}: install the vLLM {env.versions.get('vllm', '')} wheel built for "
