@@ -231,3 +231,23 @@ def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
     err = capsys.readouterr().err
     assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
     assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
+
+
+def test_an_executor_whose_plugin_is_missing_or_fails_to_load_stops_the_plan_naming_it(monkeypatch):
+    """Counted as local, a cluster run would be planned for this machine's device."""
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    from draftline.cluster import jobs_leave_this_machine
+    from draftline.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"executor 'nosuch': snakemake-executor-plugin-nosuch is not installed .*"
+                                        r"installed executors: .*local"):
+        jobs_leave_this_machine("nosuch")
+
+    def broken(self, name):
+        raise ImportError("libslurm.so: cannot open shared object file")
+
+    monkeypatch.setattr(ExecutorPluginRegistry, "get_plugin", broken)
+    with pytest.raises(PlanError, match=r"executor 'slurm': its plugin \(snakemake-executor-plugin-slurm\) failed to "
+                                        r"load: ImportError: libslurm.so"):
+        jobs_leave_this_machine("slurm")

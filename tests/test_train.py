@@ -401,3 +401,21 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
     record = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}
     assert str(tmp_path) not in (tmp_path / "train_command.txt").read_text() + (tmp_path / "run.yaml").read_text()
+
+
+def test_the_views_fidelity_is_read_before_training_and_a_broken_manifest_stops_saying_which(tmp_path, caplog):
+    from draftline.stages.train.publish import view_fidelity
+
+    view = tmp_path / "all"
+    view.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"all/manifest.json is missing: .* rerun its extraction"):
+        view_fidelity(view)
+    (view / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"all/manifest.json: not valid JSON .* delete .* and rerun"):
+        view_fidelity(view)
+    (view / "manifest.json").write_text(json.dumps({"rows": 3}))  # a view from before the check
+    assert view_fidelity(view) is None
+    assert "holds no hidden-state fidelity record" in caplog.text
+    record = {"total": {"top1_assistant": 0.9}, "shards": {}}
+    (view / "manifest.json").write_text(json.dumps({"rows": 3, "fidelity": record}))
+    assert view_fidelity(view) == record

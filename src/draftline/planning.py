@@ -138,8 +138,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     check_relative_paths(config, workdir, repo)
     check_prompt_sources(config)
     target, identity = _resolve_target(config, workdir)
-    on_cluster = remote_exec or jobs_leave_this_machine(executor)
     try:
+        on_cluster = remote_exec or jobs_leave_this_machine(executor)
         device = cluster_device(config["device"], on_cluster, config["cpu_on_cluster"], executor)
     except PlanError as error:
         raise PlanningError(str(error)) from None

@@ -45,11 +45,12 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
     if server is not None:
         hidden_states = train_online(inputs, source, server, where, run.dir, run_trainer)
     else:
-        run_trainer(inputs)
-        # offline: the files (their fingerprint is under inputs); online: the target (its
-        # fingerprint under inputs) and the server that made them
+        # offline: the files (their fingerprint is under inputs) and their check, read before the
+        # Trainer starts (a broken view stops here); online: the target (its fingerprint under
+        # inputs) and the server that made them
         hidden_states = {"mode": "offline", "path": str(inputs.hidden_states),
                          "fidelity": view_fidelity(inputs.hidden_states)}
+        run_trainer(inputs)
     log.info("trainer finished in %.1f s", time.monotonic() - started)
     skipped = check_skipped_samples(run.metrics_path, source, run.dir)
     record = {

@@ -84,12 +84,17 @@ def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[
     return epochs - 1, "no epoch has a finite validation loss (no checkpoint_best): the last epoch"
 
 
-def view_fidelity(view: Path | None) -> dict | None:
-    """The training view's fidelity record (every shard's check), None for a view from before it."""
-    try:
-        return read_manifest(view).get("fidelity")
-    except (FileNotFoundError, ValueError, TypeError):
-        return None
+def view_fidelity(view: Path) -> dict | None:
+    """The training view's fidelity record (every shard's check), read before training starts. A
+    missing or unreadable manifest stops the job (read_manifest's error names the file and the
+    fix: the view is rebuilt); a manifest from before the check existed is said so in the log and
+    recorded as None."""
+    manifest = read_manifest(view)
+    if "fidelity" not in manifest:
+        log.warning("%s: its manifest holds no hidden-state fidelity record (a view made before draftline "
+                    "checked fidelity): the draft's provenance and summary say nothing about it; rerun "
+                    "the hidden-state shards to check them", view)
+    return manifest.get("fidelity")
 
 
 def publish(run: Run, job: TrainJob, settings: TrainSettings, facts: InputFacts, target: str, record: dict,
