@@ -251,3 +251,11 @@ def test_an_executor_whose_plugin_is_missing_or_fails_to_load_stops_the_plan_nam
     with pytest.raises(PlanError, match=r"executor 'slurm': its plugin \(snakemake-executor-plugin-slurm\) failed to "
                                         r"load: ImportError: libslurm.so"):
         jobs_leave_this_machine("slurm")
+
+
+def test_a_batch_shorter_than_tokenize_max_seq_len_stops_the_plan_naming_both_keys(tiny_model, workdir):
+    short = {"total_seq_len": 128}
+    with pytest.raises(PlanningError, match=r"train.total_seq_len = 128 is below tokenize.max_seq_len = 256"):
+        plan_for(config_for(tiny_model, train=short), workdir)
+    plan = plan_for(config_for(tiny_model, train={**short, "allow_truncated_samples": True}), workdir)
+    assert plan.device == "cpu"
