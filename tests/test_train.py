@@ -419,3 +419,29 @@ def test_the_views_fidelity_is_read_before_training_and_a_broken_manifest_stops_
     record = {"total": {"top1_assistant": 0.9}, "shards": {}}
     (view / "manifest.json").write_text(json.dumps({"rows": 3, "fidelity": record}))
     assert view_fidelity(view) == record
+
+
+def test_the_samples_speculators_sampler_cuts_or_leaves_out_are_counted(tmp_path):
+    """Rows of at least total_seq_len tokens pack one per rank per batch, so with 3 processes the
+    sampler must leave out 8 % 3 = 2 training rows each epoch, and both validation rows (fewer than
+    ranks); one process leaves out none. Rows built longer than total_seq_len are the cut ones."""
+    from datasets import Dataset
+
+    from draftline.stages.train.sampling import describe, dropped_count, dropped_samples
+
+    total = 64
+    lengths = [64, 80, 64, 100, 64, 64, 70, 64, 64, 90]  # 8 training rows (ratio 0.8), 2 validation
+    Dataset.from_dict({"input_ids": [[1] * n for n in lengths], "loss_mask": [[1] * n for n in lengths],
+                       "seq_len": lengths}).save_to_disk(str(tmp_path / "ds"))
+    three = dropped_samples(tmp_path / "ds", total, 0.8, world_size=3, epochs=2, seed=0)
+    assert three["training"] == {"samples": 8, "truncated": 3, "truncated_tokens": 16 + 36 + 6,
+                                 "left_over_per_epoch": [2, 2]}
+    assert three["validation"] == {"samples": 2, "truncated": 1, "truncated_tokens": 26,
+                                   "left_over_per_epoch": [2, 2]}
+    one = dropped_samples(tmp_path / "ds", total, 0.8, world_size=1, epochs=2, seed=0)
+    assert one["training"]["left_over_per_epoch"] == [0, 0] and one["validation"]["left_over_per_epoch"] == [0, 0]
+    assert dropped_count(one) == 4 and dropped_count(three) == 4 + 8
+    assert "3 of 8 in training (58 tokens never trained on)" in describe(three)
+    # a batch that holds every row whole: nothing cut, nothing left over with one process
+    nothing = dropped_samples(tmp_path / "ds", 128, 0.8, world_size=1, epochs=1, seed=0)
+    assert dropped_count(nothing) == 0
