@@ -41,9 +41,9 @@ from draftline.stages.disk_estimate import (
 from draftline.stages.summary import SummarySettings
 from draftline.stages.target_model import TargetSpec, resolve_target, target_identity
 from draftline.stages.train.settings import HiddenStateSource
-from draftline.target_hashes import SharedHashCache, local_target_files
+from draftline.target_hashes import RUN_FILE, SharedHashCache, local_target_files
 
-HASH_CACHE = ".snakemake/draftline/hash_cache.json"
+HASH_CACHE = RUN_FILE
 PROMPTS_SUMMARY = "results/prompts/summary.json"
 TOKENIZED_SUMMARY = "results/tokenized/summary.json"
 TOKENIZED_DATASET = "results/tokenized/dataset"

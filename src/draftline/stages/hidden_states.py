@@ -77,7 +77,7 @@ def staging_record(
     the step's code and target identity as planned (`extraction.plan_key`; without it the target's
     `fingerprint`). A resume under any other value of these extracts every row again."""
     record = {
-        "target": digest(fingerprint(target_dir)),
+        "target": extraction.plan_key.get("target") or digest(fingerprint(target_dir)),
         "extracted": [int(i) for i in extracted],
         "dataset": dataset_fingerprint,
         "dtype": default_dtype(engine.dtype),
