@@ -445,3 +445,26 @@ def test_the_samples_speculators_sampler_cuts_or_leaves_out_are_counted(tmp_path
     # a batch that holds every row whole: nothing cut, nothing left over with one process
     nothing = dropped_samples(tmp_path / "ds", 128, 0.8, world_size=1, epochs=1, seed=0)
     assert dropped_count(nothing) == 0
+
+
+def test_the_run_keys_target_is_the_plans_identity_or_the_folders_content(tmp_path, tiny_model):
+    """Given the plan's identity (the rule's `target` param), nothing of the target is read; without
+    it, the folder's content through the hash cache (a rewrite in place is a new run key)."""
+    import shutil
+
+    from draftline.stages.train import TrainInputs, input_fingerprints
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    base = dict(config_dir=tmp_path, dataset=tmp_path / "none", hidden_states=None, d2t=tmp_path / "none",
+                t2d=tmp_path / "none", layer_ids=tmp_path / "none", target=str(model))
+    server = {"any": "server"}
+    planned = input_fingerprints(TrainInputs(**base, target_identity={"kind": "local", "sha256": "abc"}), server)
+    other = input_fingerprints(TrainInputs(**base, target_identity={"kind": "local", "sha256": "def"}), server)
+    assert planned["target"] != other["target"]
+    by_content = input_fingerprints(TrainInputs(**base), server)["target"]
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    assert input_fingerprints(TrainInputs(**base), server)["target"] != by_content

@@ -60,11 +60,13 @@ def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[
         "layer_ids": digest(fingerprint(inputs.layer_ids)),
         "dataset": digest(fingerprint(inputs.dataset)),
         "hidden_states": hidden,
-        "target": _target_fingerprint(inputs.target),
+        "target": _target_fingerprint(inputs.target, inputs.target_identity),
     }
 
 
-def _target_fingerprint(target: str) -> str:
+def _target_fingerprint(target: str, identity: dict | None) -> str:
+    if identity is not None:  # what the plan hashed (by content): nothing to read here
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     if not Path(target).exists():
         return str(target)  # a hub id
     cache = job_cache()
