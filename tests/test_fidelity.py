@@ -338,3 +338,22 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
                                                 r"layer id 8\) predicts the next token on 0\.0\d* .*fidelity\.min_top1 = 0\.8"):
             check_online_fidelity(inputs(tmp_path / "noise"), server.endpoint, source, settings)
     assert not list((tmp_path / "scratch").glob("*.safetensors"))  # every file read and deleted
+
+
+def test_the_views_total_counts_every_shard_naming_the_unchecked_ones_and_each_bar():
+    from draftline.fidelity import combine
+
+    def record(rows, tokens, top1, bar, basis):
+        return {"rows": rows, "assistant_tokens": tokens, "top1_assistant": top1, "min_top1": bar, "basis": basis}
+
+    greedy = "auto: greedy regenerated answers"
+    total = combine({"s0": record([1, 2], 100, 0.99, 0.8, greedy), "s1": None,
+                     "s2": record([7], 300, 0.95, 0.5, "set in hidden_states.fidelity.min_top1")})
+    assert total["shards"] == 3 and total["checked_shards"] == 2 and total["unchecked_shards"] == ["s1"]
+    assert total["bars"] == {"s0": 0.8, "s2": 0.5} and total["min_top1"] == 0.8
+    assert total["basis"] == "differs by shard (see bars)"
+    assert total["top1_assistant"] == round((99 + 285) / 400, 4) and total["lowest_shard_top1_assistant"] == 0.95
+    assert total["rows"] == 3
+    same = combine({"s0": record([1], 10, 0.9, 0.8, greedy), "s1": record([2], 10, 1.0, 0.8, greedy)})
+    assert same["min_top1"] == 0.8 and same["basis"] == greedy and same["unchecked_shards"] == []
+    assert combine({"s0": None, "s1": None}) is None  # nothing checked: no figure at all

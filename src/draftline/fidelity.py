@@ -339,18 +339,29 @@ def record(measured: dict, settings: FidelitySettings) -> dict:
     return out
 
 
-def combine(records: Sequence[dict]) -> dict | None:
-    """One figure over several shards' records (token-weighted agreement), for the view."""
-    records = [r for r in records if r]
-    if not records:
+def combine(records: dict[str, dict | None]) -> dict | None:
+    """One figure over the shards' records {shard: record or None} (token-weighted agreement), for
+    the view. Every shard counts: one without a record (hidden_states.fidelity.rows 0 when it was
+    made, or a shard from before the check) is `unchecked` and named; each checked shard keeps its
+    own bar (`bars`); `min_top1` and `basis` are the shards' common ones (the highest bar and
+    "differs by shard" when they differ). None when no shard was checked."""
+    checked = {shard: r for shard, r in records.items() if r}
+    if not checked:
         return None
-    assistant = sum(r["assistant_tokens"] for r in records)
-    hits = sum((r["top1_assistant"] or 0) * r["assistant_tokens"] for r in records)
+    assistant = sum(r["assistant_tokens"] for r in checked.values())
+    hits = sum((r["top1_assistant"] or 0) * r["assistant_tokens"] for r in checked.values())
+    bars = {shard: r["min_top1"] for shard, r in checked.items()}
+    bases = {r["basis"] for r in checked.values()}
     return {
-        "rows": sum(len(r["rows"]) for r in records),
+        "rows": sum(len(r["rows"]) for r in checked.values()),
         "assistant_tokens": assistant,
         "top1_assistant": round(hits / assistant, 4) if assistant else None,
-        "lowest_shard_top1_assistant": min((r["top1_assistant"] for r in records if r["top1_assistant"] is not None), default=None),
-        "min_top1": records[0]["min_top1"],
-        "basis": records[0]["basis"],
+        "lowest_shard_top1_assistant": min((r["top1_assistant"] for r in checked.values()
+                                            if r["top1_assistant"] is not None), default=None),
+        "shards": len(records),
+        "checked_shards": len(checked),
+        "unchecked_shards": sorted(shard for shard in records if shard not in checked),
+        "bars": bars,
+        "min_top1": max(bars.values()),
+        "basis": bases.pop() if len(bases) == 1 else "differs by shard (see bars)",
     }

@@ -346,15 +346,21 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
             f"{len(missing)} of {num_rows} dataset rows are in no shard (first: {missing[:10]}); "
             "the shard count changed? Rerun every shard"
         )
+    total = fidelity_check.combine(checked)
+    unchecked = sorted(d for d, record in checked.items() if not record)
+    if unchecked:
+        log.warning("hidden-state fidelity: %d of %d shards were not checked (no record in their manifest: "
+                    "hidden_states.fidelity.rows 0, or made before the check): %s", len(unchecked), len(checked),
+                    ", ".join(unchecked))
     with atomic_dir(out_dir) as tmp:
         for r, d in sorted(owner.items()):
             # Relative to the final folder (a sibling of tmp), so the links survive a move of results/.
             os.symlink(os.path.relpath(d / file_name(r), out_dir), tmp / file_name(r))
         summary = {"rows": num_rows, "shards": [str(d) for d in map(Path, shard_dirs)],
                    "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4],
-                   # every shard's check (draftline.fidelity) and their token-weighted total
-                   "fidelity": {"total": fidelity_check.combine(list(checked.values())),
-                                "shards": checked}}
+                   # every shard's check (draftline.fidelity: None = unchecked) and their
+                   # token-weighted total, which names the unchecked ones
+                   "fidelity": {"total": total, "shards": checked}}
         write_manifest(tmp, summary)
     log.info("view %s: %d rows from %d shards", out_dir, num_rows, len(shard_dirs))
     return summary
