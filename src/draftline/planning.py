@@ -300,7 +300,7 @@ def fidelity_settings(config: dict) -> FidelitySettings:
     bar, basis = resolve_min_top1(
         block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
     )
-    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis, recompute_rows=block["recompute_rows"])
 
 
 # ---------------------------------------------------------------- disk use and sizing

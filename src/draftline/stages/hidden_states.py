@@ -274,14 +274,22 @@ def check_staged_fidelity(
         ", ".join(f"{x['layer']}: rms {x['rms']:.3g}, nearest {x['nearest_layer']} at {x['nearest_difference']}"
                   for x in measured["layers"]), time.perf_counter() - t0,
     )
+    recomputed = None
     try:
         fidelity_check.check(measured, settings.min_top1, where, settings.basis)
+        if settings.recompute_rows > 0:
+            recomputed = fidelity_check.recompute(target_dir, samples[: settings.recompute_rows], shard.extracted,
+                                                  trust_remote_code)
+            log.info("fidelity of %s: plain forward of rows %s: %s", where, recomputed.get("rows"),
+                     recomputed.get("skipped") or ", ".join(
+                         f"{x['layer']}: {x['relative_difference']:.2g}" for x in recomputed["layers"]))
+            fidelity_check.check_recompute(recomputed, where)
     except fidelity_check.FidelityError as err:
         raise fidelity_check.FidelityError(
             f"{err}. Nothing was published; the staged files in {shard.staging} are kept (a rerun with another "
             "bar reuses them; delete that folder to extract them again)"
         ) from None
-    return fidelity_check.record(measured, settings)
+    return {**fidelity_check.record(measured, settings), "recomputed": recomputed}
 
 
 def open_staging(staging_root: Path, shard: int, key: str, record: dict) -> Path:
