@@ -295,7 +295,7 @@ def recompute(target_dir: str | Path, samples: Sequence[Sample], extracted: Sequ
               trust_remote_code: bool = False) -> dict:
     """The rows of `samples` through a plain transformers forward of the target (float32): per
     stored layer id, its largest relative difference ||stored - forward|| / ||forward|| over the
-    rows, and the forward layer the stored one is nearest to (vLLM id i = transformers'
+    rows, and the forward layer the stored one is nearest to (on the GPU when there is one; vLLM id i = transformers'
     hidden_states[i] for i < n; id n = the final norm's input). This needs no answers: it tells
     an off-by-one last layer from the right one whoever wrote the dataset. A target over
     RECOMPUTE_MAX_BYTES, or one transformers cannot load, is not recomputed: `skipped` says why."""
@@ -312,10 +312,12 @@ def recompute(target_dir: str | Path, samples: Sequence[Sample], extracted: Sequ
     except Exception as error:  # noqa: BLE001 - an architecture transformers lacks: recorded, said
         log.warning("fidelity recompute: transformers cannot load %s (%s): not recomputed", target_dir, error)
         return {"skipped": f"transformers cannot load the target: {type(error).__name__}: {error}"}
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the extraction engine has stopped by now
+    model.to(device)
     worst = {int(i): (0.0, int(i), 0.0) for i in extracted}
     for s in samples:
         layers = _forward_layers(model, list(s.token_ids))
-        stored = torch.as_tensor(s.hidden_states).float()
+        stored = torch.as_tensor(s.hidden_states).to(device, torch.float32)
         for j, layer in enumerate(worst):
             diffs = [float((stored[:, j] - f).norm() / f.norm().clamp_min(1e-12)) for f in layers]
             nearest = min(range(len(diffs)), key=diffs.__getitem__)
@@ -335,7 +337,7 @@ def _forward_layers(model, ids: list[int]) -> list:
     hook = norm.register_forward_pre_hook(lambda module, args: captured.__setitem__("last", args[0][0]))
     try:
         with torch.no_grad():
-            out = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+            out = model(torch.tensor([ids], device=model.device), output_hidden_states=True).hidden_states
     finally:
         hook.remove()
     return [h[0] for h in out[:-1]] + [captured["last"]]
