@@ -13,7 +13,7 @@ from pathlib import Path
 
 from draftline import algorithms
 from draftline.artifacts import metrics
-from draftline.artifacts.hidden_states import read_manifest
+from draftline.artifacts.hidden_states import MANIFEST, read_manifest
 from draftline.atomic import atomic_dir, atomic_file
 from draftline.stages.train.checkpoints import FINAL_FILES, INTERRUPTED, Run, epoch_dirs, finished_epochs
 from draftline.stages.train.inputs import InputFacts
@@ -85,10 +85,14 @@ def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[
 
 
 def view_fidelity(view: Path) -> dict | None:
-    """The training view's fidelity record (every shard's check), read before training starts. A
-    missing or unreadable manifest stops the job (read_manifest's error names the file and the
-    fix: the view is rebuilt); a manifest from before the check existed is said so in the log and
-    recorded as None."""
+    """The training view's fidelity record (every shard's check), read before training starts. An
+    unreadable manifest stops the job (read_manifest's error names the file and the fix); a folder
+    without one (not built by draftline's view step) or a manifest from before the check is said so
+    in the log, and its record is None: nothing claims the states were checked."""
+    if not (Path(view) / MANIFEST).exists():
+        log.warning("%s has no %s (a folder not built by draftline's hidden_states_view step): its hidden "
+                    "states were not checked for fidelity, and the draft's provenance says none", view, MANIFEST)
+        return None
     manifest = read_manifest(view)
     if "fidelity" not in manifest:
         log.warning("%s: its manifest holds no hidden-state fidelity record (a view made before draftline "
