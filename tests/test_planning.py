@@ -231,3 +231,31 @@ def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
     err = capsys.readouterr().err
     assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
     assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
+
+
+def test_an_executor_whose_plugin_is_missing_or_fails_to_load_stops_the_plan_naming_it(monkeypatch):
+    """Counted as local, a cluster run would be planned for this machine's device."""
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    from draftline.cluster import jobs_leave_this_machine
+    from draftline.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"executor 'nosuch': snakemake-executor-plugin-nosuch is not installed .*"
+                                        r"installed executors: .*local"):
+        jobs_leave_this_machine("nosuch")
+
+    def broken(self, name):
+        raise ImportError("libslurm.so: cannot open shared object file")
+
+    monkeypatch.setattr(ExecutorPluginRegistry, "get_plugin", broken)
+    with pytest.raises(PlanError, match=r"executor 'slurm': its plugin \(snakemake-executor-plugin-slurm\) failed to "
+                                        r"load: ImportError: libslurm.so"):
+        jobs_leave_this_machine("slurm")
+
+
+def test_a_batch_shorter_than_tokenize_max_seq_len_stops_the_plan_naming_both_keys(tiny_model, workdir):
+    short = {"total_seq_len": 128}
+    with pytest.raises(PlanningError, match=r"train.total_seq_len = 128 is below tokenize.max_seq_len = 256"):
+        plan_for(config_for(tiny_model, train=short), workdir)
+    plan = plan_for(config_for(tiny_model, train={**short, "allow_truncated_samples": True}), workdir)
+    assert plan.device == "cpu"

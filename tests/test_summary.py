@@ -148,3 +148,21 @@ def test_truncation_warning_counts_answers_cut_mid_thought_not_loops(tmp_path):
     assert not any("max_new_tokens" in w for w in looping["warnings"])
     cut = run(cut_prose=3, cut_loops=1)
     assert any("30% of the regenerated answers (3 of 10)" in w and "1 more cut while repeating" in w for w in cut["warnings"])
+
+
+def test_the_samples_the_trainer_cut_or_left_out_are_in_the_summary(tmp_path):
+    """From the published checkpoint's provenance (train/sampling.py's counts)."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    final = tmp_path / "results/checkpoint/final"
+    final.mkdir(parents=True)
+    dropped = {"total_seq_len": 512, "world_size": 2, "epochs": 2,
+               "training": {"samples": 90, "truncated": 7, "truncated_tokens": 1234, "left_over_per_epoch": [1, 0]},
+               "validation": {"samples": 10, "truncated": 1, "truncated_tokens": 40, "left_over_per_epoch": [0, 1]}}
+    (final / "draftline_provenance.json").write_text(json.dumps({"epochs": 2, "dropped_samples": dropped}))
+    summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cuda", benchmarks=tmp_path / "none")
+    assert summary["training"]["dropped_samples"] == dropped
+    markdown = to_markdown(summary)
+    assert ("| samples cut at train.total_seq_len (512) | 7 of 90 training (1234 tokens never trained on), 1 of 10 "
+            "validation |") in markdown
+    assert "| samples left out per epoch (2 training process(es)) | training [1, 0], validation [0, 1] |" in markdown

@@ -41,9 +41,9 @@ from draftline.stages.disk_estimate import (
 from draftline.stages.summary import SummarySettings
 from draftline.stages.target_model import TargetSpec, resolve_target, target_identity
 from draftline.stages.train.settings import HiddenStateSource
-from draftline.target_hashes import SharedHashCache, local_target_files
+from draftline.target_hashes import RUN_FILE, SharedHashCache, local_target_files
 
-HASH_CACHE = ".snakemake/draftline/hash_cache.json"
+HASH_CACHE = RUN_FILE
 PROMPTS_SUMMARY = "results/prompts/summary.json"
 TOKENIZED_SUMMARY = "results/tokenized/summary.json"
 TOKENIZED_DATASET = "results/tokenized/dataset"
@@ -138,8 +138,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     check_relative_paths(config, workdir, repo)
     check_prompt_sources(config)
     target, identity = _resolve_target(config, workdir)
-    on_cluster = remote_exec or jobs_leave_this_machine(executor)
     try:
+        on_cluster = remote_exec or jobs_leave_this_machine(executor)
         device = cluster_device(config["device"], on_cluster, config["cpu_on_cluster"], executor)
     except PlanError as error:
         raise PlanningError(str(error)) from None
@@ -300,7 +300,7 @@ def fidelity_settings(config: dict) -> FidelitySettings:
     bar, basis = resolve_min_top1(
         block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
     )
-    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis, recompute_rows=block["recompute_rows"])
 
 
 # ---------------------------------------------------------------- disk use and sizing

@@ -239,6 +239,8 @@ def _training(provenance: dict, warnings: list[str]) -> dict:
         "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
         # samples the Trainer skipped without hidden states (online: the server gave none)
         "skipped_samples": provenance.get("skipped_samples"),
+        # samples speculators' sampler cut at train.total_seq_len or left out of an epoch
+        "dropped_samples": provenance.get("dropped_samples"),
     }
     skipped = training["skipped_samples"] or {}
     if skipped.get("total"):
@@ -375,6 +377,7 @@ def to_markdown(summary: dict) -> str:
                 f"| conversations cut at max_seq_len | {truncation['conversations_cut_at_max_seq_len']} "
                 f"({_share(truncation['conversations_cut_share'])}) |"
             )
+    lines += _dropped_rows(summary["training"])
     if summary.get("sources"):
         lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
                   "|---|---|---|---|---|---|"]
@@ -392,6 +395,21 @@ def to_markdown(summary: dict) -> str:
     lines += [f"| {job} | {_duration(s)} |" for job, s in summary["wall_seconds"].items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def _dropped_rows(training: dict) -> list[str]:
+    """The Data table's rows for what speculators' sampler cut or left out (train/sampling.py)."""
+    dropped = (training or {}).get("dropped_samples")
+    if not dropped:
+        return []
+    train, val = dropped["training"], dropped["validation"]
+    return [
+        f"| samples cut at train.total_seq_len ({dropped['total_seq_len']}) | {train['truncated']} of "
+        f"{train['samples']} training ({train['truncated_tokens']} tokens never trained on), {val['truncated']} of "
+        f"{val['samples']} validation |",
+        f"| samples left out per epoch ({dropped['world_size']} training process(es)) | training "
+        f"{train['left_over_per_epoch']}, validation {val['left_over_per_epoch']} |",
+    ]
 
 
 def _share(value) -> str:
