@@ -51,6 +51,15 @@ onstart:
         planning.say(planning.CODE_TRIGGER_ON)
 
 
+onsuccess:
+    # Two or three lines a user reads last: where the draft is, what it reached, what to run next.
+    if not workflow.remote_exec:
+        from draftline.stages.summary import end_of_run_lines
+
+        for line in end_of_run_lines("results", PLAN.target.source if TARGET.kind == "hub" else TARGET_DIR):
+            planning.say(line)
+
+
 wildcard_constraints:
     shard=r"\d+",
 
