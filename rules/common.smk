@@ -15,12 +15,24 @@ sys.path.insert(0, str(SRC))
 
 from draftline import planning  # noqa: E402
 from draftline.cluster import snakemake_executor  # noqa: E402
+from draftline.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
 from draftline.plan import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
     raise WorkflowError(planning.HELDOUT_SPLIT)
-validate(config, schema="../config/schema/config.schema.yaml")
+# --config values as the schema's types (Snakemake hands nested ones over as strings), and a
+# validation error about one of them said to be the command line's, not a config file's.
+_COMMAND_LINE = workflow.config_settings.config
+try:
+    command_line_config(config, _COMMAND_LINE)
+    validate(config, schema="../config/schema/config.schema.yaml")
+except CommandLineError as error:
+    raise WorkflowError(str(error)) from None
+except WorkflowError as error:
+    if validation_error(error, _COMMAND_LINE) is None:
+        raise
+    raise WorkflowError(validation_error(error, _COMMAND_LINE)) from None
 
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.planning). The

@@ -128,3 +128,19 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
     ]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/sizing.md does not say: {missing}"
+
+
+def test_the_settings_tables_defaults_are_the_schemas_and_the_configs():
+    """docs/configuration.md's defaults column is what the schema and config/config.yaml say
+    today (a changed default or config value changes the page in the same commit), and every key
+    the table names has a default in the schema."""
+    import yaml
+
+    from draftline import config_schema
+
+    page = (REPO / "docs" / "configuration.md").read_text()
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert page == config_schema.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.config_schema"
+    # the column follows a change: config.yaml's epochs shown beside the schema's
+    changed = config_schema.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
+    assert "| `train.epochs`, `lr`, `optimizer` | 3 (config.yaml: 9), 0.001, auto |" in changed

@@ -436,3 +436,43 @@ def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
     short = {stage: (minutes, profile[rules[stage]]["runtime"]) for stage, minutes in wall.items()
              if eval(str(profile[rules[stage]]["runtime"]), {"attempt": 1}) < minutes}
     assert not short, f"runtime (minutes, attempt 1) under the plan's bound of one job: {short}"
+
+
+def test_command_line_values_take_the_schemas_types_and_a_bad_one_names_its_key():
+    """What Snakemake's --config parser hands over (nested values as strings, a top-level number as
+    a number) becomes what the schema says each key is; a value of no allowed type is an error
+    naming the key, and a validation error about a --config key says it came from there."""
+    import jsonschema
+    from snakemake.exceptions import WorkflowError
+
+    from draftline.config_schema import CommandLineError, command_line_config, validation_error
+
+    config = recipe_config_default()
+    given = {"tokenize": {"max_seq_len": "512"}, "train": {"lr": "3e-4", "fsdp": "true"}, "run_name": 2026,
+             "hidden_states": {"layer_ids": ["2", "9", "20"]}, "evaluate": {"prompt_sets": {"code": "null"}},
+             "vllm": {"engine_args": {"block_size": "32"}}}
+    command_line_config(config, given)
+    assert config["tokenize"]["max_seq_len"] == 512 and config["train"]["lr"] == 3e-4 and config["train"]["fsdp"] is True
+    assert config["run_name"] == "2026"  # a string key stays a string
+    assert config["hidden_states"]["layer_ids"] == [2, 9, 20] and config["evaluate"]["prompt_sets"]["code"] is None
+    assert config["vllm"]["engine_args"] == {"block_size": 32}
+    assert config["train"]["epochs"] == 4  # a key not given keeps the config file's value
+
+    with pytest.raises(CommandLineError, match=r"--config train\.epochs: 'four' is not a valid train\.epochs"):
+        command_line_config(recipe_config_default(), {"train": {"epochs": "four"}})
+
+    def failing(value, path):  # as snakemake.utils.validate raises it
+        try:
+            try:
+                raise jsonschema.ValidationError(f"{value!r} was unexpected", path=path, validator="additionalProperties")
+            except jsonschema.ValidationError:
+                raise WorkflowError("Error validating config file.") from None
+        except WorkflowError as error:
+            return error
+
+    assert "--config" in validation_error(failing("epochz", ["train"]), {"train": {"epochz": "3"}})
+    assert validation_error(failing("epochz", ["train"]), {"train": {"lr": "1"}}) is None  # the file's key
+
+
+def recipe_config_default() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
