@@ -41,7 +41,8 @@ _SET = workflow.resource_settings.overwrite_resources or {}
 _GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
 try:
     PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
-                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS))
+                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS),
+                         no_job=planning.no_job_command(sys.argv))
 except planning.PlanningError as error:
     raise WorkflowError(str(error)) from None
 # What the rules read from the plan (PLAN itself for the stages' settings objects). TARGET_PATH is

@@ -476,3 +476,33 @@ def test_command_line_values_take_the_schemas_types_and_a_bad_one_names_its_key(
 
 def recipe_config_default() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_commands_that_run_no_job_never_stop_at_the_device(tiny_model_8_heads, tmp_path):
+    """In the MoE recipe's run folder without its profile the plan is for this CPU machine, where
+    vllm.enable_expert_parallel is refused: a dry run stops there, but --unlock, --cleanup-metadata
+    and --list-changes, which run no job, say it as a note and do what they were asked."""
+    _recipe_workdir(tmp_path, "moe_235b", tiny_model_8_heads)
+    refused = "vllm.enable_expert_parallel: true is refused on CPU"
+    stopped = snakemake(tmp_path, "-n", check=False)
+    assert stopped.returncode != 0 and refused in stopped.stdout + stopped.stderr
+    lock = tmp_path / ".snakemake" / "locks"
+    lock.mkdir(parents=True)
+    (lock / "0.input.lock").write_text("a killed run's lock\n")
+    for command in (["--unlock"], ["--cleanup-metadata", "results/prompts/summary.json"], ["--list-changes", "input"]):
+        out = snakemake(tmp_path, *command, check=False)
+        assert f"draftline: note: {refused}" in out.stderr and f"(not a stop for {command[0]}, which runs no job)" in out.stderr
+        assert "draftline: sizing" not in out.stderr
+        if command[0] == "--cleanup-metadata":  # Snakemake's own answer: nothing recorded for it yet
+            assert "the metadata was not present" in out.stdout + out.stderr
+        else:
+            assert out.returncode == 0, out.stdout[-2000:]
+    assert not list(lock.iterdir())  # unlocked
+
+
+def test_no_job_command_reads_snakemakes_flags():
+    from draftline.planning import no_job_command
+
+    assert no_job_command(["snakemake", "--cores", "all", "--unlock"]) == "--unlock"
+    assert no_job_command(["snakemake", "--lc=params"]) == "--lc"
+    assert no_job_command(["snakemake", "-n", "results/checkpoint/final"]) is None
