@@ -123,6 +123,8 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
         "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
         "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),
         f"0.{round(sizing.GPUS['H100'].decoding * 100)} of the H200's",
+        "regeneration {regeneration:g},\nextraction {extraction:g}, training {training:g}, evaluation {evaluation:g}".format(
+            **sizing.EXPECTED_SHARE),
         f"`N T / ({sizing.EXTRACTION_FRACTION:g} R / F)`",
         f"`E N T / ({sizing.TRAIN_TOKENS_PER_S_8B:,} x D_8B / D)`",
     ]

@@ -349,6 +349,9 @@ def test_the_cpu_estimate_bounds_the_embedded_defaults_recorded_stage_times(monk
     }
     over = {stage: (seconds, round(per_job[stage])) for stage, seconds in measured.items() if seconds > per_job[stage]}
     assert not over, f"recorded seconds over the plan's estimate (recorded, estimate): {over}"
+    # the figure to plan by beside the bound: the share of each bound this run took
+    shares = {stage: round(seconds / per_job[stage], 2) for stage, seconds in measured.items()}
+    assert shares == sizing.EXPECTED_SHARE, f"sizing.EXPECTED_SHARE is not the record's: {shares}"
 
 
 def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_states():
@@ -506,3 +509,19 @@ def test_no_job_command_reads_snakemakes_flags():
     assert no_job_command(["snakemake", "--cores", "all", "--unlock"]) == "--unlock"
     assert no_job_command(["snakemake", "--lc=params"]) == "--lc"
     assert no_job_command(["snakemake", "-n", "results/checkpoint/final"]) is None
+
+
+def test_the_sizing_line_says_which_figure_is_the_bound_and_how_long_the_weights_take_to_load():
+    """The MoE target's 470 GB at the assumed 1 GB/s take about 8 minutes per vLLM job, which the
+    line names; its total is called a bound, with the figure to plan by beside it."""
+    from draftline import sizing
+
+    plan = sizing.Plan(10_000, 4096, 2048, 3, 100, 128, gpus_per_vllm_job=8, filesystem_bytes_per_s=1e9,
+                       eval_headline_prompts=50)
+    est = sizing.estimate(sizing.QWEN3_235B, plan)
+    text = sizing.describe(est)
+    assert ("each vLLM job starts in 8 min (included above): the weights (470.0 GB) load at 1 GB/s "
+            "(sizing.filesystem_gb_per_s), after 12 s of imports") in text
+    bound = sum(est["device_hours"].values())
+    expected = sum(h * sizing.EXPECTED_SHARE[k] for k, h in est["device_hours"].items())
+    assert f"total {bound:.1f} h (a bound; expected about {expected:.1f} h, " in text
