@@ -231,3 +231,13 @@ def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
     err = capsys.readouterr().err
     assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
     assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
+
+
+def test_the_report_names_the_embedded_target_as_the_summary_does(workdir):
+    """report/workflow.rst titles the report from the config: the plan puts the target's resolved
+    name there, so the title reads "draft for SmolLM2-135M-Instruct", not "draft for embedded"."""
+    config = config_for(Path("embedded"))
+    plan = plan_for(config, workdir)
+    assert config["target"]["name"] == plan.summary.target == plan.target.name == "SmolLM2-135M-Instruct"
+    title = (REPO / "report" / "workflow.rst").read_text().splitlines()
+    assert any('{% set target = snakemake.config["target"]["name"] %}' in line for line in title)

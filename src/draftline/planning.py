@@ -168,6 +168,9 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
     check_gpu_overrides(gpu_overrides, vllm_ranks)
     config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
+    # the target as the summary names it (SmolLM2-135M-Instruct, not "embedded"), for the report's
+    # title (report/workflow.rst reads only the config); the name it resolves to, so nothing changes
+    config["target"]["name"] = target.name
     for key in sorted(config):
         config[key] = sort_keys(config.pop(key))
     try:
