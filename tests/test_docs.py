@@ -146,3 +146,21 @@ def test_the_settings_tables_defaults_are_the_schemas_and_the_configs():
     # the column follows a change: config.yaml's epochs shown beside the schema's
     changed = config_schema.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
     assert "| `train.epochs`, `lr`, `optimizer` | 3 (config.yaml: 9), 0.001, auto |" in changed
+
+
+def test_the_cluster_page_quotes_the_versions_and_profile_values_of_the_files_it_describes():
+    """docs/cluster.md's Slurm plugin versions are the locks' and the MoE recipe's mem_mb is its
+    profile's, read from those files: a new lock or profile fails here until the page says the same."""
+    import yaml
+
+    text = (REPO / "docs" / "cluster.md").read_text()
+    pins = {}
+    for kind, lock in (("GPU", "gpu-py3.11.lock.txt"), ("CPU", "cpu.lock.txt")):
+        found = re.search(r"^snakemake-executor-plugin-slurm==(\S+)$", (REPO / "requirements" / lock).read_text(), re.M)
+        pins[kind] = found.group(1)
+    assert f"snakemake-executor-plugin-slurm {pins['GPU']} in the GPU\nenvironment, {pins['CPU']} in the CPU one" in text
+    profile = yaml.safe_load((REPO / "profiles" / "slurm_moe_235b" / "config.yaml").read_text())
+    mem = profile["set-resources"]["regenerate_shard"]["mem_mb"]
+    row = next(line for line in text.splitlines() if line.startswith("| 235B MoE (the recipe)"))
+    assert f'`mem_mb: "{mem}"` (profiles/slurm_moe_235b)' in row
+    assert "ShareGPT or messages JSONL" not in text  # Parquet, save_to_disk and hf: sources work too
