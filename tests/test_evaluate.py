@@ -603,3 +603,31 @@ def test_default_target_plans_evaluation_and_report(tmp_path):
     assert jobs["evaluate"] == 1 and jobs["train"] == 1
     for plot in PLOTS:
         assert jobs[f"report_{plot}"] == 1
+
+
+def test_report_plots_stay_readable_with_many_prompt_sets_and_long_titles(tmp_path, monkeypatch):
+    """Six prompt sets (validation, test and four named ones) make a grid of two columns, not six
+    panels in one row; the vocab-coverage title fits inside its figure."""
+    from draftline.stages import report
+
+    drawn = []
+    monkeypatch.setattr(report, "_save", lambda fig, out: (fig.tight_layout(), fig.canvas.draw(), drawn.append(fig)))
+    drafts = {d: {"mean_acceptance_length": 1.5, "acceptance_per_position": [0.3, 0.15, 0.05]}
+              for d in ("trained", "untrained")}
+    names = ["validation", "test", "code", "math", "chat", "long"]
+    (tmp_path / "acceptance.json").write_text(json.dumps({
+        "num_speculative_tokens": 3, "headline_set": "test",
+        "sets": {name: {"prompts": 40, "drafts": drafts} for name in names}}))
+    report.plot_acceptance(tmp_path / "acceptance.json", tmp_path / "acceptance.png")
+    visible = [ax for ax in drawn[0].axes if ax.get_visible()]
+    assert len(visible) == 6 and len({round(ax.get_position().x0, 3) for ax in visible}) == report.ACCEPTANCE_COLUMNS
+    width, height = drawn[0].get_size_inches()
+    assert width < 2 * height
+
+    (tmp_path / "vocab.json").write_text(json.dumps({"draft_vocab_size": 8192, "coverage": 0.97,
+                                                     "assistant_tokens": 1_234_567, "target_vocab_size": 151_936}))
+    monkeypatch.setattr(report.token_freq_file, "read", lambda path: {i: 1000 - i for i in range(900)})
+    report.plot_vocab_coverage(tmp_path / "token_freq.pt", tmp_path / "vocab.json", tmp_path / "vocab.png")
+    fig = drawn[1]
+    title = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.width, (title, fig.bbox)

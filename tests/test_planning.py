@@ -259,3 +259,13 @@ def test_a_batch_shorter_than_tokenize_max_seq_len_stops_the_plan_naming_both_ke
         plan_for(config_for(tiny_model, train=short), workdir)
     plan = plan_for(config_for(tiny_model, train={**short, "allow_truncated_samples": True}), workdir)
     assert plan.device == "cpu"
+
+
+def test_the_report_names_the_embedded_target_as_the_summary_does(workdir):
+    """report/workflow.rst titles the report from the config: the plan puts the target's resolved
+    name there, so the title reads "draft for SmolLM2-135M-Instruct", not "draft for embedded"."""
+    config = config_for(Path("embedded"))
+    plan = plan_for(config, workdir)
+    assert config["target"]["name"] == plan.summary.target == plan.target.name == "SmolLM2-135M-Instruct"
+    title = (REPO / "report" / "workflow.rst").read_text().splitlines()
+    assert any('{% set target = snakemake.config["target"]["name"] %}' in line for line in title)

@@ -166,3 +166,47 @@ def test_the_samples_the_trainer_cut_or_left_out_are_in_the_summary(tmp_path):
     assert ("| samples cut at train.total_seq_len (512) | 7 of 90 training (1234 tokens never trained on), 1 of 10 "
             "validation |") in markdown
     assert "| samples left out per epoch (2 training process(es)) | training [1, 0], validation [0, 1] |" in markdown
+
+
+def _finished_draft(results, epochs=4, chosen=3):
+    final = results / "checkpoint/final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"chosen_epoch": chosen, "chosen_epoch_folder": chosen - 1, "epochs": epochs}))
+    return final
+
+
+def test_end_of_run_lines_say_where_the_draft_is_what_it_reached_and_what_to_run_next(tmp_path):
+    """The last lines of a run: the checkpoint, the summary's headline (only when the summary was
+    written after this draft), and the next command (the rest of the run, or serving it)."""
+    import os
+
+    from draftline.stages.summary import end_of_run_lines
+
+    results = tmp_path / "results"
+    assert end_of_run_lines(results, "resources/target/tiny") == []  # nothing trained: nothing to say
+    final = _finished_draft(results)
+    lines = end_of_run_lines(results, "resources/target/tiny")
+    assert lines[0] == f"the draft is in {final}/ (epoch 3 of 4, eagle3)"
+    assert lines[1].startswith("next: ./draftline snakemake --cores all") and len(lines) == 2
+
+    summary = {"num_speculative_tokens": 3, "acceptance": [
+        {"set": "test", "headline": True, "prompts": 40, "draft": "trained", "mean_acceptance_length": 1.642,
+         "interval_95": [1.547, 1.744]},
+        {"set": "test", "headline": True, "prompts": 40, "draft": "untrained", "mean_acceptance_length": 1.0},
+        {"set": "code", "headline": False, "prompts": 20, "draft": "trained", "mean_acceptance_length": 1.3},
+    ]}
+    (results / "summary.json").write_text(json.dumps(summary))
+    lines = end_of_run_lines(results, "org/target")
+    assert len(lines) == 3
+    assert lines[1] == (f"the test set (40 prompts, k = 3): mean acceptance length 1.64 [1.55, 1.74] with the "
+                        f"trained draft, 1.00 untrained ({results}/summary.md)")
+    assert lines[2].startswith(f"next: vllm serve org/target --speculative-config '{{\"method\": \"eagle3\", "
+                               f"\"model\": \"{final}\", \"num_speculative_tokens\": 3}}'")
+
+    # a summary of an earlier draft is not this one's headline
+    provenance = final / "draftline_provenance.json"
+    stamp = (results / "summary.json").stat().st_mtime
+    os.utime(provenance, (stamp + 10, stamp + 10))
+    assert end_of_run_lines(results, "org/target")[1].startswith("next: ./draftline snakemake --cores all")

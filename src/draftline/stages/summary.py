@@ -416,6 +416,51 @@ def _share(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def headline(summary: dict) -> str | None:
+    """The headline set's mean acceptance length, trained vs untrained, as one line (None before
+    evaluation)."""
+    rows = [r for r in summary.get("acceptance") or [] if r.get("headline")]
+    by_draft = {r["draft"]: r for r in rows}
+    trained = by_draft.get("trained")
+    if not trained or trained.get("mean_acceptance_length") is None:
+        return None
+    interval = trained.get("interval_95")
+    text = (f"the {trained['set']} set ({trained.get('prompts')} prompts, k = {summary.get('num_speculative_tokens')}): "
+            f"mean acceptance length {trained['mean_acceptance_length']:.2f}"
+            + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""))
+    untrained = (by_draft.get("untrained") or {}).get("mean_acceptance_length")
+    return text + (f" with the trained draft, {untrained:.2f} untrained" if untrained is not None else "")
+
+
+def end_of_run_lines(results: str | Path, serve_target: str) -> list[str]:
+    """What a finished run prints last (rules/common.smk, onsuccess): where the draft is, the
+    headline of results/summary.json when it was written after the draft, and the next command.
+    `serve_target`: the target as vLLM is given it (a hub id or the folder the jobs read)."""
+    results = Path(results)
+    final = results / "checkpoint/final"
+    provenance = _json(final / "draftline_provenance.json")
+    if provenance is None:
+        return []
+    epoch, epochs = chosen_epoch(provenance), provenance.get("epochs")
+    draft = _json(final / "config.json") or {}
+    method = draft.get("speculators_model_type", "eagle3")
+    lines = [f"the draft is in {final}/ (epoch {epoch} of {epochs}, {method})"]
+    summary_json = results / "summary.json"
+    summary = _json(summary_json)
+    fresh = summary is not None and summary_json.stat().st_mtime >= (final / "draftline_provenance.json").stat().st_mtime
+    top = headline(summary) if fresh else None
+    if top is None:
+        lines.append("next: ./draftline snakemake --cores all (evaluation, the report's plots and "
+                     f"{results}/summary.md)")
+        return lines
+    k = summary.get("num_speculative_tokens")
+    config = json.dumps({"method": method, "model": f"{final}", "num_speculative_tokens": k})
+    lines.append(f"{top} ({results}/summary.md)")
+    lines.append(f"next: vllm serve {serve_target} --speculative-config '{config}'; the plots: "
+                 "./draftline snakemake --report report.html")
+    return lines
+
+
 def write_summary(summary: dict, markdown: str | Path, json_path: str | Path) -> None:
     with atomic_file(json_path) as handle:
         handle.write(json.dumps(summary, indent=1, default=str) + "\n")
