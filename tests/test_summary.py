@@ -148,3 +148,24 @@ def test_truncation_warning_counts_answers_cut_mid_thought_not_loops(tmp_path):
     assert not any("max_new_tokens" in w for w in looping["warnings"])
     cut = run(cut_prose=3, cut_loops=1)
     assert any("30% of the regenerated answers (3 of 10)" in w and "1 more cut while repeating" in w for w in cut["warnings"])
+
+
+def test_summary_counts_the_reasoning_tokens_apart_when_the_answers_think(tmp_path):
+    """tokenize.reasoning: the run's page says how many assistant tokens were thinking and how
+    many the rest of the answers, and whether the thinking was trained; a run whose answers
+    never think shows neither."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    tokenized = tmp_path / "results" / "tokenized"
+    tokenized.mkdir(parents=True)
+    for reasoning, thinking in (("exclude", 120), ("train", 0)):
+        counts = {"rows": 3, "total_tokens": 400, "trainable_tokens": 80, "reasoning_tokens": thinking,
+                  "answer_tokens": 80, "reasoning": reasoning}
+        (tokenized / "summary.json").write_text(json.dumps(counts))
+        summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
+        markdown = to_markdown(summary)
+        if thinking:
+            assert "| reasoning tokens (left out of the loss, tokenize.reasoning: exclude) | 120 |" in markdown
+            assert "| answer tokens (besides the reasoning) | 80 |" in markdown
+        else:
+            assert "reasoning" not in markdown
