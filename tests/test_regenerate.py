@@ -491,3 +491,30 @@ def test_regenerated_tool_conversations_train_the_targets_calls_and_answers_neve
     for text in trained.values():
         assert "temperature" not in text and "<tools>" not in text and "<tool_response>" not in text
     assert summary["reasoning_tokens"] > 0 and summary["rows_with_reasoning"] == 2
+
+
+@pytest.mark.dag
+def test_vllm_renders_tools_calls_results_and_thinking_as_tokenization_does(tiny_model):
+    """The real engine: `LLM.chat` given a row's tools and a history holding a call with its
+    thinking and the tool's result renders the prompt token for token as tokenization's
+    `apply_chat_template` does, so the regenerated answers and their loss masks agree."""
+    from pathlib import Path
+
+    from draftline.artifacts.conversations import template_messages
+    from draftline.sources import normalize_conversation
+    from draftline.testing.tiny_model import CHATML_AGENT_TEMPLATE
+
+    row = json.loads((Path(__file__).parent / "data" / "prompts" / "tool_calls.jsonl").read_text().splitlines()[0])
+    conversation = normalize_conversation(row, regenerate_enabled=True)
+    history = template_messages(conversation.messages[:4])  # system, user, the call (thinking), its result
+    tools = conversation.tools
+    llm = target_llm(tiny_model, replace(SETTINGS, max_model_len=1024))  # the module's engine holds 160 tokens
+    try:
+        (output,) = llm.chat([history], None, use_tqdm=False, chat_template=CHATML_AGENT_TEMPLATE, tools=tools)
+        tokenizer = llm.get_tokenizer()
+    finally:
+        shutdown(llm)
+    text = tokenizer.apply_chat_template(history, tools=tools, chat_template=CHATML_AGENT_TEMPLATE,
+                                         tokenize=False, add_generation_prompt=True)
+    assert "<tools>" in text and "I should call the weather tool." in text and "<tool_response>" in text
+    assert list(output.prompt_token_ids) == tokenizer(text, add_special_tokens=False)["input_ids"]
