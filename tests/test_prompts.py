@@ -546,6 +546,9 @@ def test_tool_rows_in_every_row_shape_keep_tools_calls_results_and_thinking(tmp_
     assert sharegpt["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
     assert sharegpt["messages"][2] == {"role": "tool", "content": "4"}
+    from draftline.sources import normalize_conversation  # an export's empty tool_calls: no calls
+
+    assert normalize_conversation({"messages": [*SAME[:1], {**SAME[1], "tool_calls": []}]}, True).messages == SAME
     prompt = rows["Add 3 and 4, please."]
     assert prompt["messages"][1]["content"].startswith("<think>\nA small sum.\n</think>")
     assert prompt["tools"][0]["function"]["name"] == "add"

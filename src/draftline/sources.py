@@ -664,6 +664,7 @@ def _normalize_turn(at: str, turn: Any, tool_names: set[str] | None) -> dict:
         return {"role": "assistant", "content": "", "tool_calls": _tool_calls(at, [_json(at, content, "value")], tool_names)}
     role = ROLES[role.lower()]
     calls = _get(turn, "tool_calls") if role == "assistant" else None
+    calls = None if calls in ([], "", "[]") else calls  # OpenAI exports write [] for no calls
     message = {"role": role, "content": _content(at, content, may_be_empty=calls is not None)}
     if calls is not None:
         message["tool_calls"] = _tool_calls(f"{at}.tool_calls", calls, tool_names)
