@@ -210,3 +210,24 @@ def test_end_of_run_lines_say_where_the_draft_is_what_it_reached_and_what_to_run
     stamp = (results / "summary.json").stat().st_mtime
     os.utime(provenance, (stamp + 10, stamp + 10))
     assert end_of_run_lines(results, "org/target")[1].startswith("next: ./draftline snakemake --cores all")
+
+
+def test_summary_counts_the_reasoning_tokens_apart_when_the_answers_think(tmp_path):
+    """tokenize.reasoning: the run's page says how many assistant tokens were thinking and how
+    many the rest of the answers, and whether the thinking was trained; a run whose answers
+    never think shows neither."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    tokenized = tmp_path / "results" / "tokenized"
+    tokenized.mkdir(parents=True)
+    for reasoning, thinking in (("exclude", 120), ("train", 0)):
+        counts = {"rows": 3, "total_tokens": 400, "trainable_tokens": 80, "reasoning_tokens": thinking,
+                  "answer_tokens": 80, "reasoning": reasoning}
+        (tokenized / "summary.json").write_text(json.dumps(counts))
+        summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
+        markdown = to_markdown(summary)
+        if thinking:
+            assert "| reasoning tokens (left out of the loss, tokenize.reasoning: exclude) | 120 |" in markdown
+            assert "| answer tokens (besides the reasoning) | 80 |" in markdown
+        else:
+            assert "reasoning" not in markdown

@@ -151,6 +151,10 @@ def build_summary(
     }
     if regenerated:
         data["generated_tokens"] = regenerated.get("generated_tokens")
+    if tokenized.get("reasoning_tokens"):  # answers that think: their thinking and the rest, apart
+        trained = "trained" if tokenized.get("reasoning") == "train" else "left out of the loss"
+        data[f"reasoning_tokens ({trained}, tokenize.reasoning: {tokenized.get('reasoning')})"] = tokenized["reasoning_tokens"]
+        data["answer_tokens (besides the reasoning)"] = tokenized.get("answer_tokens")
     sources = _sources(prompts, warnings)
     truncation = _truncation(results, regenerated, tokenized, warnings)
     training = _training(provenance, warnings)
