@@ -47,7 +47,7 @@ def dflash_run(tiny_run, tmp_path_factory):
 
 def test_changing_the_algorithm_reruns_the_config_training_and_evaluation_only(dflash_run):
     _run, planned = dflash_run
-    assert planned == {"speculator_config": 1, "train": 1, "evaluate": 1}
+    assert planned == {"speculator_config": 1, "train": 1, "evaluate_set": 2, "evaluate_baseline": 1, "evaluate": 1}
 
 
 def test_dflash_trains_to_a_checkpoint_speculators_loads(dflash_run):
