@@ -36,7 +36,7 @@ from draftline import algorithms
 from draftline.artifacts import acceptance as record
 from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
 from draftline.config_schema import default
-from draftline.engine import EngineSettings, shutdown, target_llm
+from draftline.engine import EngineSettings, has_cuda, shutdown, target_llm
 from draftline.sources import read_first_turns
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
     if draft is not None:
         config = Path(draft) / "config.json"
         algorithm = algorithms.of_config(json.loads(config.read_text()), str(config))
+        if algorithm.not_served_on_cpu and not has_cuda():
+            raise RuntimeError(f"{draft}: a {algorithm.name} draft cannot be evaluated on this machine: "
+                               f"{algorithm.not_served_on_cpu}. Evaluate it on a GPU (docs/cluster.md).")
         extra["speculative_config"] = algorithm.speculative_config(draft, settings.num_speculative_tokens)
         # per-prompt acceptance, for the spread of each set's figure
         extra["per_request_spec_decode_metrics"] = "summary"
