@@ -132,9 +132,28 @@ def regeneration_shards():
     return expand("results/regenerated/shard_{shard}", shard=range(config["regenerate"]["shards"]))
 
 
-def evaluation_prompt_set_files():
-    """The files of evaluate.prompt_sets (a dataset folder's files too), so an edit reruns evaluation."""
-    return source_files(list(config["evaluate"]["prompt_sets"].values()))
+HELD_OUT_SETS = {"validation": "results/prompts/validation.jsonl", "test": "results/prompts/test.jsonl"}
+
+
+def evaluation_sets():
+    """The prompt sets evaluated, in order: validation, test, then evaluate.prompt_sets' names."""
+    return [*HELD_OUT_SETS, *config["evaluate"]["prompt_sets"]]
+
+
+def evaluation_records():
+    return expand("results/eval/sets/{prompt_set}.json", prompt_set=evaluation_sets())
+
+
+def evaluation_set_source(wildcards):
+    """A set's file as the job reads it: the held-out split, or the configured path."""
+    return HELD_OUT_SETS.get(wildcards.prompt_set) or config["evaluate"]["prompt_sets"][wildcards.prompt_set]
+
+
+def evaluation_set_files(wildcards):
+    """A set's files (a dataset folder's files too), so an edit reruns that set's evaluation."""
+    if wildcards.prompt_set in HELD_OUT_SETS:
+        return HELD_OUT_SETS[wildcards.prompt_set]
+    return source_files([config["evaluate"]["prompt_sets"][wildcards.prompt_set]])
 
 
 def hidden_state_shards():

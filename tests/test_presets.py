@@ -65,7 +65,7 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert "; on H100s total " in text  # beside the H200s, with its basis
 
     resources = _resources(out.stdout)
-    for rule in ("regenerate_shard", "hidden_states_shard", "evaluate"):
+    for rule in ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline"):
         assert resources[rule]["gpu"] == str(vllm_gpus), rule
     assert resources["train"]["gpu"] == str(train_gpus)
     assert all("runtime" in resources[r] and "mem_mb" in resources[r] for r in ("regenerate_shard", "train"))
@@ -435,7 +435,7 @@ def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
     wall = {stage: max(sizing.estimate(shape, plan, gpu=gpu)["wall_hours"][stage] for gpu in sizing.GPUS) * 60
             for stage in ("regeneration", "extraction", "training", "evaluation")}
     rules = {"regeneration": "regenerate_shard", "extraction": "hidden_states_shard", "training": "train",
-             "evaluation": "evaluate"}
+             "evaluation": "evaluate_set"}
     short = {stage: (minutes, profile[rules[stage]]["runtime"]) for stage, minutes in wall.items()
              if eval(str(profile[rules[stage]]["runtime"]), {"attempt": 1}) < minutes}
     assert not short, f"runtime (minutes, attempt 1) under the plan's bound of one job: {short}"

@@ -61,7 +61,7 @@ def test_summary_of_a_finished_run(tiny_run, tmp_path):
     # wall times: every stage's benchmark, longest first; disk: every results folder
     seconds = list(summary["wall_seconds"].values())
     assert seconds == sorted(seconds, reverse=True)
-    assert {"train", "evaluate", "regenerate/shard_0", "hidden_states/shard_0"} <= set(summary["wall_seconds"])
+    assert {"train", "evaluate/test", "evaluate_baseline", "regenerate/shard_0", "hidden_states/shard_0"} <= set(summary["wall_seconds"])
     assert summary["disk_bytes"]["hidden_states"] == folder_bytes(results / "hidden_states") > 0
     assert summary["disk_bytes_total"] == sum(summary["disk_bytes"].values())
 
