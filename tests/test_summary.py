@@ -212,6 +212,23 @@ def test_end_of_run_lines_say_where_the_draft_is_what_it_reached_and_what_to_run
     assert end_of_run_lines(results, "org/target")[1].startswith("next: ./draftline snakemake --cores all")
 
 
+def test_end_of_run_serve_command_uses_the_algorithms_vllm_method(tmp_path):
+    """A P-EAGLE draft is served as vLLM's eagle3 with parallel drafting (draftline.algorithms),
+    not under its speculators name."""
+    from draftline.stages.summary import end_of_run_lines
+
+    results = tmp_path / "results"
+    final = _finished_draft(results)
+    (final / "config.json").write_text(json.dumps({"speculators_model_type": "peagle"}))
+    summary = {"num_speculative_tokens": 3, "acceptance": [
+        {"set": "test", "headline": True, "prompts": 40, "draft": "trained", "mean_acceptance_length": 1.5}]}
+    (results / "summary.json").write_text(json.dumps(summary))
+    lines = end_of_run_lines(results, "org/target")
+    assert lines[0].endswith("(epoch 3 of 4, peagle)")
+    assert lines[-1].startswith(f"next: vllm serve org/target --speculative-config '{{\"method\": \"eagle3\", "
+                                f"\"model\": \"{final}\", \"num_speculative_tokens\": 3, \"parallel_drafting\": true}}'")
+
+
 def test_summary_counts_the_reasoning_tokens_apart_when_the_answers_think(tmp_path):
     """tokenize.reasoning: the run's page says how many assistant tokens were thinking and how
     many the rest of the answers, and whether the thinking was trained; a run whose answers

@@ -275,9 +275,10 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
 
 
 def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> float:
-    """One-device seconds of the evaluate job: the target alone and the trained draft on every
-    set, the untrained draft on the headline set only (draftline.stages.evaluate), every answer
-    at evaluate.max_new_tokens, each draft at its speculative-decoding rate."""
+    """One-device seconds of the evaluation (every evaluate_set job and evaluate_baseline
+    together): the target alone and the trained draft on every set, the untrained draft on the
+    headline set only (draftline.stages.evaluate), every answer at evaluate.max_new_tokens, each
+    draft at its speculative-decoding rate."""
     headline = plan.eval_prompts if plan.eval_headline_prompts is None else plan.eval_headline_prompts
     tokens = plan.eval_new_tokens
     return tokens * (plan.eval_prompts / decode + plan.eval_prompts / (decode * speedup["trained"])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from draftline import algorithms
 from draftline.artifacts.benchmarks import read_benchmarks
 from draftline.artifacts.checkpoint import chosen_epoch
 from draftline.atomic import atomic_file
@@ -457,8 +458,9 @@ def end_of_run_lines(results: str | Path, serve_target: str) -> list[str]:
         lines.append("next: ./draftline snakemake --cores all (evaluation, the report's plots and "
                      f"{results}/summary.md)")
         return lines
-    k = summary.get("num_speculative_tokens")
-    config = json.dumps({"method": method, "model": f"{final}", "num_speculative_tokens": k})
+    # vLLM's method is the algorithm's, not always its speculators name (peagle: eagle3 + parallel_drafting)
+    serving = algorithms.get(method).speculative_config(final, summary.get("num_speculative_tokens"))
+    config = json.dumps(serving)
     lines.append(f"{top} ({results}/summary.md)")
     lines.append(f"next: vllm serve {serve_target} --speculative-config '{config}'; the plots: "
                  "./draftline snakemake --report report.html")
