@@ -159,9 +159,9 @@ def test_a_named_set_set_to_null_is_left_out(tiny_model, workdir):
 
 
 def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
-    with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
+    with pytest.raises(PlanningError, match=r"gives rule evaluate_set gpu=2, but vLLM splits the target over "
                                             r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):
-        plan_for(config_for(tiny_model), workdir, evaluate="2")
+        plan_for(config_for(tiny_model), workdir, evaluate_set="2")
 
 
 def test_gpu_overrides_are_plain_values():
