@@ -15,12 +15,24 @@ sys.path.insert(0, str(SRC))
 
 from draftline import planning  # noqa: E402
 from draftline.cluster import snakemake_executor  # noqa: E402
+from draftline.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
 from draftline.plan import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
     raise WorkflowError(planning.HELDOUT_SPLIT)
-validate(config, schema="../config/schema/config.schema.yaml")
+# --config values as the schema's types (Snakemake hands nested ones over as strings), and a
+# validation error about one of them said to be the command line's, not a config file's.
+_COMMAND_LINE = workflow.config_settings.config
+try:
+    command_line_config(config, _COMMAND_LINE)
+    validate(config, schema="../config/schema/config.schema.yaml")
+except CommandLineError as error:
+    raise WorkflowError(str(error)) from None
+except WorkflowError as error:
+    if validation_error(error, _COMMAND_LINE) is None:
+        raise
+    raise WorkflowError(validation_error(error, _COMMAND_LINE)) from None
 
 
 # Decided here, not inside jobs, so they are params and decide staleness (draftline.planning). The
@@ -29,7 +41,8 @@ _SET = workflow.resource_settings.overwrite_resources or {}
 _GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
 try:
     PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
-                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS))
+                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS),
+                         no_job=planning.no_job_command(sys.argv))
 except planning.PlanningError as error:
     raise WorkflowError(str(error)) from None
 # What the rules read from the plan (PLAN itself for the stages' settings objects). TARGET_PATH is
@@ -49,6 +62,15 @@ onstart:
     # Code is tracked by content (the `code` param), not by the scripts' mtimes.
     if RerunTrigger.CODE in workflow.rerun_triggers:
         planning.say(planning.CODE_TRIGGER_ON)
+
+
+onsuccess:
+    # Two or three lines a user reads last: where the draft is, what it reached, what to run next.
+    if not workflow.remote_exec:
+        from draftline.stages.summary import end_of_run_lines
+
+        for line in end_of_run_lines("results", PLAN.target.source if TARGET.kind == "hub" else TARGET_DIR):
+            planning.say(line)
 
 
 wildcard_constraints:
@@ -110,9 +132,28 @@ def regeneration_shards():
     return expand("results/regenerated/shard_{shard}", shard=range(config["regenerate"]["shards"]))
 
 
-def evaluation_prompt_set_files():
-    """The files of evaluate.prompt_sets (a dataset folder's files too), so an edit reruns evaluation."""
-    return source_files(list(config["evaluate"]["prompt_sets"].values()))
+HELD_OUT_SETS = {"validation": "results/prompts/validation.jsonl", "test": "results/prompts/test.jsonl"}
+
+
+def evaluation_sets():
+    """The prompt sets evaluated, in order: validation, test, then evaluate.prompt_sets' names."""
+    return [*HELD_OUT_SETS, *config["evaluate"]["prompt_sets"]]
+
+
+def evaluation_records():
+    return expand("results/eval/sets/{prompt_set}.json", prompt_set=evaluation_sets())
+
+
+def evaluation_set_source(wildcards):
+    """A set's file as the job reads it: the held-out split, or the configured path."""
+    return HELD_OUT_SETS.get(wildcards.prompt_set) or config["evaluate"]["prompt_sets"][wildcards.prompt_set]
+
+
+def evaluation_set_files(wildcards):
+    """A set's files (a dataset folder's files too), so an edit reruns that set's evaluation."""
+    if wildcards.prompt_set in HELD_OUT_SETS:
+        return HELD_OUT_SETS[wildcards.prompt_set]
+    return source_files([config["evaluate"]["prompt_sets"][wildcards.prompt_set]])
 
 
 def hidden_state_shards():

@@ -24,6 +24,7 @@ REGENERATE_ANSWERS = dict(
     versions=versions("vllm", "torch", "transformers"),
     chat_template=config["target"]["chat_template"],
     chat_template_kwargs=config["target"]["chat_template_kwargs"],
+    tool_call_parser=config["regenerate"]["tool_call_parser"],
     trust_remote_code=config["target"]["trust_remote_code"],
 )
 

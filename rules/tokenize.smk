@@ -29,6 +29,7 @@ rule tokenize:
         versions=versions("transformers", "speculators"),
         max_seq_len=config["tokenize"]["max_seq_len"],
         min_trainable_tokens=config["tokenize"]["min_trainable_tokens"],
+        reasoning=config["tokenize"]["reasoning"],
         # already baked into the target folder by rule target_model; kept so a change reruns this
         chat_template=config["target"]["chat_template"],
         chat_template_kwargs=config["target"]["chat_template_kwargs"],

@@ -26,6 +26,8 @@ if __name__ == "__main__":
             rows_per_call=snakemake.params.chunk_rows,
             format=snakemake.params.format,  # hidden_states.format: full or fp8
             fidelity=snakemake.params.fidelity,  # hidden_states.fidelity, its bar resolved
+            # for the staging key: what the plan hashed (the rest of the rule's params it reads itself)
+            plan_key={"code": snakemake.params.code, "target": snakemake.params.target},
         ),
     )
     write_provenance(snakemake)  # provenance.json beside the artifact

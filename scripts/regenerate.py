@@ -26,6 +26,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             seed=snakemake.params.seed,
             chat_template=snakemake.params.chat_template,
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
+            tool_call_parser=snakemake.params.tool_call_parser,
             threads=snakemake.threads,
             chunk_conversations=snakemake.params.chunk_conversations,
         ),

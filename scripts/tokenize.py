@@ -15,6 +15,7 @@ if __name__ == "__main__":
         TokenizeSettings(
             max_seq_len=snakemake.params.max_seq_len,
             min_trainable_tokens=snakemake.params.min_trainable_tokens,
+            reasoning=snakemake.params.reasoning,
             chat_template=snakemake.params.chat_template,
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
             trust_remote_code=snakemake.params.trust_remote_code,

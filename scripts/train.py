@@ -27,6 +27,7 @@ if __name__ == "__main__":
             t2d=snakemake.input.t2d,
             layer_ids=snakemake.input.layer_ids,
             target=str(snakemake.params.target_dir),
+            target_identity=snakemake.params.target,  # the plan's, by content: the run key's target
         ),
         # the optimizer and loader workers the plan resolved (they are params: they decide staleness)
         TrainSettings.from_config(

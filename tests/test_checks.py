@@ -71,6 +71,15 @@ def test_config_beyond_the_target_names_the_key(changes, key, hint):
         check_config(config(**{"vocab": {"draft_vocab_size": 256}, "tokenize": {"max_seq_len": 256}, **changes}), TINY)
 
 
+def test_a_batch_shorter_than_a_conversation_stops_the_plan_unless_the_user_accepts_the_cut():
+    with pytest.raises(ConfigError, match=r"^train.total_seq_len = 512 is below tokenize.max_seq_len = 1024: .*"
+                                          r"train.allow_truncated_samples: true"):
+        check_config(config(tokenize={"max_seq_len": 1024}, train={"total_seq_len": 512}), None)
+    check_config(config(tokenize={"max_seq_len": 1024}, train={"total_seq_len": 512, "allow_truncated_samples": True}),
+                 None)
+    check_config(config(tokenize={"max_seq_len": 1024}, train={"total_seq_len": 1024}), None)  # equal fits
+
+
 def test_limits_are_inclusive():
     check_config(config(hidden_states={"layer_ids": [1, 7], "shards": 4}, prompts={"max_samples": 4},
                         vocab={"draft_vocab_size": 512}, tokenize={"max_seq_len": 1024}), TINY)

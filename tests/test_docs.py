@@ -123,8 +123,44 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
         "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
         "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),
         f"0.{round(sizing.GPUS['H100'].decoding * 100)} of the H200's",
+        "regeneration {regeneration:g},\nextraction {extraction:g}, training {training:g}, evaluation {evaluation:g}".format(
+            **sizing.EXPECTED_SHARE),
         f"`N T / ({sizing.EXTRACTION_FRACTION:g} R / F)`",
         f"`E N T / ({sizing.TRAIN_TOKENS_PER_S_8B:,} x D_8B / D)`",
     ]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/sizing.md does not say: {missing}"
+
+
+def test_the_settings_tables_defaults_are_the_schemas_and_the_configs():
+    """docs/configuration.md's defaults column is what the schema and config/config.yaml say
+    today (a changed default or config value changes the page in the same commit), and every key
+    the table names has a default in the schema."""
+    import yaml
+
+    from draftline import config_schema
+
+    page = (REPO / "docs" / "configuration.md").read_text()
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert page == config_schema.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.config_schema"
+    # the column follows a change: config.yaml's epochs shown beside the schema's
+    changed = config_schema.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
+    assert "| `train.epochs`, `lr`, `optimizer` | 3 (config.yaml: 9), 0.001, auto |" in changed
+
+
+def test_the_cluster_page_quotes_the_versions_and_profile_values_of_the_files_it_describes():
+    """docs/cluster.md's Slurm plugin versions are the locks' and the MoE recipe's mem_mb is its
+    profile's, read from those files: a new lock or profile fails here until the page says the same."""
+    import yaml
+
+    text = (REPO / "docs" / "cluster.md").read_text()
+    pins = {}
+    for kind, lock in (("GPU", "gpu-py3.11.lock.txt"), ("CPU", "cpu.lock.txt")):
+        found = re.search(r"^snakemake-executor-plugin-slurm==(\S+)$", (REPO / "requirements" / lock).read_text(), re.M)
+        pins[kind] = found.group(1)
+    assert f"snakemake-executor-plugin-slurm {pins['GPU']} in the GPU\nenvironment, {pins['CPU']} in the CPU one" in text
+    profile = yaml.safe_load((REPO / "profiles" / "slurm_moe_235b" / "config.yaml").read_text())
+    mem = profile["set-resources"]["regenerate_shard"]["mem_mb"]
+    row = next(line for line in text.splitlines() if line.startswith("| 235B MoE (the recipe)"))
+    assert f'`mem_mb: "{mem}"` (profiles/slurm_moe_235b)' in row
+    assert "ShareGPT or messages JSONL" not in text  # Parquet, save_to_disk and hf: sources work too

@@ -133,6 +133,46 @@ def test_the_vllm_settings_and_engine_args_reach_the_engine(cpu_env, monkeypatch
     }
 
 
+# A value other than the default for every vllm.* key (the schema decides which of them change outputs).
+CHANGED = {"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "max_model_len": 1024, "enable_expert_parallel": True,
+           "quantization": "fp8", "kv_cache_dtype": "fp8", "enforce_eager": True, "cpu_kv_cache_gib": 3,
+           "engine_args": {"block_size": 32}}
+
+
+def test_the_schema_alone_says_which_vllm_settings_change_outputs():
+    """A vllm.* key the schema marks `x-changes-outputs: true` changes the staleness param
+    (engine_outputs) and only those do; the docs' table lists them as the schema marks them."""
+    import re
+
+    from draftline.config_schema import output_changing
+
+    marked = set(output_changing("vllm"))
+    assert set(CHANGED) == set(yaml_vllm_keys()), "a new vllm.* key needs a changed value here"
+    assert set(engine.OUTPUT_FIELDS) == marked
+
+    def outputs(**vllm):
+        config = _config(**vllm)
+        return engine.output_settings(engine.engine_settings(config, resolved_settings(config, "cuda")["engine"]))
+
+    base = outputs()
+    changes = {key for key, value in CHANGED.items() if outputs(**{key: value}) != base}
+    assert changes == marked
+
+    table = (SCHEMA.parents[2] / "docs" / "configuration.md").read_text()
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| `vllm."):
+            cell = line.split("|")[1]
+            rows["outputs" if "can change outputs" in line else "speed"] = set(re.findall(r"`(?:vllm\.)?(\w+)`", cell))
+    assert rows == {"outputs": marked, "speed": set(CHANGED) - marked}
+
+
+def yaml_vllm_keys():
+    import yaml
+
+    return yaml.safe_load(SCHEMA.read_text())["properties"]["vllm"]["properties"]
+
+
 def test_engine_args_that_draftline_sets_are_refused_by_name():
     with pytest.raises(engine.EngineSettingsError, match=r"vllm.engine_args.kv_cache_dtype: .* set vllm.kv_cache_dtype"):
         engine.engine_settings(_config(engine_args={"kv_cache_dtype": "fp8"}), CPU)

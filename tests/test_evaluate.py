@@ -600,6 +600,76 @@ def test_default_target_plans_evaluation_and_report(tmp_path):
 
     write_config(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     jobs = planned_jobs(tmp_path)
-    assert jobs["evaluate"] == 1 and jobs["train"] == 1
+    assert jobs["train"] == 1 and jobs["evaluate_baseline"] == 1 and jobs["evaluate"] == 1
+    # one evaluation job per set: validation, test and the default's named sets
+    assert jobs["evaluate_set"] == 2 + len(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["evaluate"]["prompt_sets"])
     for plot in PLOTS:
         assert jobs[f"report_{plot}"] == 1
+
+
+def test_report_plots_stay_readable_with_many_prompt_sets_and_long_titles(tmp_path, monkeypatch):
+    """Six prompt sets (validation, test and four named ones) make a grid of two columns, not six
+    panels in one row; the vocab-coverage title fits inside its figure."""
+    from draftline.stages import report
+
+    drawn = []
+    monkeypatch.setattr(report, "_save", lambda fig, out: (fig.tight_layout(), fig.canvas.draw(), drawn.append(fig)))
+    drafts = {d: {"mean_acceptance_length": 1.5, "acceptance_per_position": [0.3, 0.15, 0.05]}
+              for d in ("trained", "untrained")}
+    names = ["validation", "test", "code", "math", "chat", "long"]
+    (tmp_path / "acceptance.json").write_text(json.dumps({
+        "num_speculative_tokens": 3, "headline_set": "test",
+        "sets": {name: {"prompts": 40, "drafts": drafts} for name in names}}))
+    report.plot_acceptance(tmp_path / "acceptance.json", tmp_path / "acceptance.png")
+    visible = [ax for ax in drawn[0].axes if ax.get_visible()]
+    assert len(visible) == 6 and len({round(ax.get_position().x0, 3) for ax in visible}) == report.ACCEPTANCE_COLUMNS
+    width, height = drawn[0].get_size_inches()
+    assert width < 2 * height
+
+    (tmp_path / "vocab.json").write_text(json.dumps({"draft_vocab_size": 8192, "coverage": 0.97,
+                                                     "assistant_tokens": 1_234_567, "target_vocab_size": 151_936}))
+    monkeypatch.setattr(report.token_freq_file, "read", lambda path: {i: 1000 - i for i in range(900)})
+    report.plot_vocab_coverage(tmp_path / "token_freq.pt", tmp_path / "vocab.json", tmp_path / "vocab.png")
+    fig = drawn[1]
+    title = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.width, (title, fig.bbox)
+
+
+# ---------------------------------------------------------------- gathering the sets (evaluate_merge)
+
+
+def _set_record(path: Path, name: str, draft: str, rows: list[list]) -> Path:
+    """A one-set, one-draft record as evaluate_set writes it (only the fields the gathering reads)."""
+    block = {"columns": ["id", "drafts", "draft_tokens", "accepted", "accepted_per_position"], "rows": rows}
+    numbers = {"mean_acceptance_length": 1 + sum(r[3] for r in rows) / sum(r[1] for r in rows), "per_prompt": block}
+    path.write_text(json.dumps({
+        "num_speculative_tokens": 2, "headline_set": name, "prompts": len(rows), "drafts": {draft: numbers},
+        "sets": {name: {"prompts": len(rows), "prompt_ids": [r[0] for r in rows], "drafts": {draft: numbers},
+                        "trained_minus_untrained": None}},
+        "empty_sets": [], "checkpoints": {draft: {"path": draft, "model_sha256": None}}, "lossless": True,
+        "settings": {"seed": 0}, "seconds": 10.0,
+    }))
+    return path
+
+
+def test_gathered_sets_keep_the_configured_order_with_the_baseline_beside_the_headline(tmp_path):
+    """results/eval/acceptance.json from one record per set and the baseline's: the format one
+    evaluation of every set wrote (the report, the summary and compare_acceptance read it)."""
+    from draftline.stages.evaluate_merge import merge
+
+    trained = [["a", 4, 8, 6, [4, 2]], ["b", 4, 8, 2, [2, 0]]]
+    untrained = [["a", 4, 8, 0, [0, 0]], ["b", 4, 8, 1, [1, 0]]]
+    sets = {"validation": _set_record(tmp_path / "validation.json", "validation", "trained", trained),
+            "test": _set_record(tmp_path / "test.json", "test", "trained", trained),
+            "mine": tmp_path / "mine.json"}
+    (tmp_path / "mine.json").write_text(json.dumps({"sets": {}, "empty_sets": ["mine"], "lossless": True, "seconds": 0.0}))
+    baseline = _set_record(tmp_path / "untrained.json", "test", "untrained", untrained)
+    result = merge(sets, baseline, tmp_path / "acceptance.json")
+    assert json.loads((tmp_path / "acceptance.json").read_text()) == result
+    assert list(result["sets"]) == ["validation", "test"] and result["empty_sets"] == ["mine"]
+    assert result["headline_set"] == "test" and result["baseline"] == {"draft": "untrained", "sets": ["test"]}
+    assert list(result["drafts"]) == ["trained", "untrained"] and list(result["sets"]["validation"]["drafts"]) == ["trained"]
+    difference = result["sets"]["test"]["trained_minus_untrained"]
+    assert difference["mean_acceptance_lengths"] == [2.0, 1.125] and difference["mean_acceptance_length"] == 0.875
+    assert set(result["checkpoints"]) == {"trained", "untrained"} and result["seconds"] == 20.0
+    assert result["records"]["untrained"] == str(baseline)

@@ -26,8 +26,10 @@ from draftline.fidelity import (
     FidelitySettings,
     Sample,
     check,
+    check_recompute,
     measure,
     read_head,
+    recompute,
     resolve_min_top1,
     sample_rows,
 )
@@ -157,6 +159,14 @@ def test_embedded_target_off_by_one_and_other_failures(embedded_target):
         _check(smol, lambda r: smol.states(r)[:, :1].expand(-1, 4, -1).clone())
     with pytest.raises(FidelityError, match=r"predicts the next token on 0\.0"):
         _check(smol, lambda r: other_row(smol, r))
+    # a plain forward tells the off-by-one last layer apart whoever wrote the answers
+    # (measured: relative difference 1.00 from layer 30, nearest the forward's layer 29)
+    off = recompute(embedded_target, smol.samples(lambda r: smol.states(r, smol.extracted[:-1] + [29]))[:1],
+                    smol.extracted)
+    assert off["layers"][-1]["nearest_forward_layer"] == 29
+    with pytest.raises(FidelityError, match=r"stored layer id 30 differs .* layer 29 \(an off-by-one"):
+        check_recompute(off, "shard_0")
+    check_recompute(recompute(embedded_target, smol.samples()[:1], smol.extracted), "shard_0")
 
 
 # ---------------------------------------------------------------- the head
@@ -276,7 +286,8 @@ def test_an_extraction_with_wrong_states_publishes_nothing_and_keeps_its_staged_
 
     manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(1, 2, out),
                                 extraction=hs.ExtractionSettings(
-                                    backend="transformers", fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test")))
+                                    backend="transformers",
+                                    fidelity=FidelitySettings(rows=8, min_top1=0.0, basis="test", recompute_rows=0)))
     assert broken.calls == 1 and manifest["reused_rows"] == 2  # the staged files, not a new extraction
     assert manifest["fidelity"]["top1_assistant"] < 0.2 and manifest["fidelity"]["min_top1"] == 0.0
     assert hsf.read_manifest(out)["fidelity"]["rows"] == [2, 3]
@@ -338,3 +349,56 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
                                                 r"layer id 8\) predicts the next token on 0\.0\d* .*fidelity\.min_top1 = 0\.8"):
             check_online_fidelity(inputs(tmp_path / "noise"), server.endpoint, source, settings)
     assert not list((tmp_path / "scratch").glob("*.safetensors"))  # every file read and deleted
+
+
+def test_the_views_total_counts_every_shard_naming_the_unchecked_ones_and_each_bar():
+    from draftline.fidelity import combine
+
+    def record(rows, tokens, top1, bar, basis):
+        return {"rows": rows, "assistant_tokens": tokens, "top1_assistant": top1, "min_top1": bar, "basis": basis}
+
+    greedy = "auto: greedy regenerated answers"
+    total = combine({"s0": record([1, 2], 100, 0.99, 0.8, greedy), "s1": None,
+                     "s2": record([7], 300, 0.95, 0.5, "set in hidden_states.fidelity.min_top1")})
+    assert total["shards"] == 3 and total["checked_shards"] == 2 and total["unchecked_shards"] == ["s1"]
+    assert total["bars"] == {"s0": 0.8, "s2": 0.5} and total["min_top1"] == 0.8
+    assert total["basis"] == "differs by shard (see bars)"
+    assert total["top1_assistant"] == round((99 + 285) / 400, 4) and total["lowest_shard_top1_assistant"] == 0.95
+    assert total["rows"] == 3
+    same = combine({"s0": record([1], 10, 0.9, 0.8, greedy), "s1": record([2], 10, 1.0, 0.8, greedy)})
+    assert same["min_top1"] == 0.8 and same["basis"] == greedy and same["unchecked_shards"] == []
+    assert combine({"s0": None, "s1": None}) is None  # nothing checked: no figure at all
+
+
+def test_an_off_by_one_last_layer_passes_the_answers_bar_but_not_a_plain_forward_of_a_few_rows(
+    tiny, greedy_dataset, tmp_path, monkeypatch
+):
+    """The layer below the last stored as the last one: the head's agreement cannot tell (the tiny
+    model's layer below predicts its tokens too; with the dataset's own answers the bar is 0.2), a
+    plain transformers forward of two rows can, naming the layer it matches."""
+    monkeypatch.setattr(backends, "get", lambda name: CorruptBackend(
+        tiny, lambda r, states: tiny.states(r, tiny.extracted[:-1] + [tiny.n - 1])))
+    layers = LayerIds(aux=tiny.extracted[:-1], num_hidden_layers=tiny.n)
+    theirs = dict(rows=8, min_top1=AUTO_MIN_TOP1_OTHER, basis="auto: the dataset's own answers")
+
+    def extract(out, **fidelity):
+        return hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(0, 1, out),
+                                extraction=hs.ExtractionSettings(backend="transformers",
+                                                                 fidelity=FidelitySettings(**theirs, **fidelity)))
+
+    assert extract(tmp_path / "agreement_only", recompute_rows=0)["fidelity"]["top1_assistant"] > 0.9
+    with pytest.raises(FidelityError, match=rf"stored layer id {tiny.n} differs from a plain transformers forward "
+                                            rf".* nearest to the forward's layer {tiny.n - 1} \(an off-by-one"):
+        extract(tmp_path / "recomputed")
+    assert not (tmp_path / "recomputed").exists()
+
+
+def test_right_states_pass_the_recompute_and_it_is_recorded(tiny, greedy_dataset, tmp_path, monkeypatch):
+    monkeypatch.setattr(backends, "get", lambda name: CorruptBackend(tiny, lambda r, states: states))
+    layers = LayerIds(aux=tiny.extracted[:-1], num_hidden_layers=tiny.n)
+    manifest = hs.extract_shard(greedy_dataset, tiny.target, layers, hs.ShardJob(0, 1, tmp_path / "shard_0"),
+                                extraction=hs.ExtractionSettings(backend="transformers", fidelity=FidelitySettings()))
+    recomputed = manifest["fidelity"]["recomputed"]
+    assert len(recomputed["rows"]) == 2
+    assert [x["nearest_forward_layer"] for x in recomputed["layers"]] == tiny.extracted
+    assert max(x["relative_difference"] for x in recomputed["layers"]) < 1e-5

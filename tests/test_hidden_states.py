@@ -151,9 +151,11 @@ def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_
     path, ids = dataset
     from datasets import load_from_disk
 
-    key = hs.staging_key(
-        tiny_model, _layer_ids(tiny_model).extracted, load_from_disk(str(path))._fingerprint, "float32"
-    )
+    engine = EngineSettings(dtype="float32", threads=1, enforce_eager=True)
+    key = hs.staging_key(hs.staging_record(
+        tiny_model, _layer_ids(tiny_model).extracted, load_from_disk(str(path))._fingerprint, engine,
+        hs.ExtractionSettings(),
+    ))
     staging = tmp_path / ".staging" / f"shard_0-{key}"
     staging.mkdir(parents=True)
     for i in (0, 1, 2, 4):
@@ -166,7 +168,7 @@ def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_
     inodes = {i: (staging / hsf.file_name(i)).stat().st_ino for i in (0, 1, 2, 4)}
 
     manifest = hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), hs.ShardJob(0, 1, tmp_path / "shard_0"),
-                                EngineSettings(dtype="float32", threads=1, enforce_eager=True))
+                                engine)
     assert manifest["reused_rows"] == 4 and manifest["extracted_rows"] == 2
     for i, ino in inodes.items():
         assert (tmp_path / "shard_0" / hsf.file_name(i)).stat().st_ino == ino
@@ -175,14 +177,103 @@ def test_resume_skips_validated_staged_rows(tiny_model, dataset, extracted, tmp_
     assert not other.exists() and not staging.exists()
 
 
-def test_staging_key_depends_on_settings(tiny_model):
-    base = hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32")
-    assert base == hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32")
-    assert base != hs.staging_key(tiny_model, [1, 4, 5, 8], "fp", "float32")
-    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "other", "float32")
-    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "bfloat16")
-    assert base == hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32", (1, 1))
-    assert base != hs.staging_key(tiny_model, [2, 4, 5, 8], "fp", "float32", (2, 1))  # TP: other float sums
+def _key(target, engine=EngineSettings(dtype="float32"), extraction=None, layers=(2, 4, 5, 8), dataset="fp"):
+    return hs.staging_key(hs.staging_record(target, layers, dataset, engine, extraction or hs.ExtractionSettings()))
+
+
+def test_staging_key_follows_every_setting_the_rule_follows(tiny_model):
+    """What changes the shard rule's params changes the staging key; what changes only speed does not."""
+    from dataclasses import replace
+
+    from draftline.engine import OUTPUT_FIELDS
+
+    base = _key(tiny_model)
+    assert base == _key(tiny_model)
+    engine, extraction = EngineSettings(dtype="float32"), hs.ExtractionSettings()
+    changed = {
+        "layers": _key(tiny_model, layers=(1, 4, 5, 8)), "dataset": _key(tiny_model, dataset="other"),
+        "dtype": _key(tiny_model, replace(engine, dtype="bfloat16")),
+        "tensor parallel": _key(tiny_model, replace(engine, tensor_parallel_size=2)),
+        "trust_remote_code": _key(tiny_model, replace(engine, trust_remote_code=True)),
+        "format": _key(tiny_model, extraction=replace(extraction, format="fp8")),
+        "backend": _key(tiny_model, extraction=replace(extraction, backend="transformers")),
+        "options": _key(tiny_model, extraction=replace(extraction, options={"batch_tokens": 8})),
+        "code": _key(tiny_model, extraction=replace(extraction, plan_key={"code": "abc"})),
+    }
+    # every vllm.* key the schema marks output-changing (extraction sizes its own context)
+    values = {"quantization": "fp8", "kv_cache_dtype": "fp8", "engine_args": {"block_size": 32}}
+    for name in set(OUTPUT_FIELDS) - {"max_model_len"}:
+        changed[name] = _key(tiny_model, replace(engine, **{name: values[name]}))
+    assert [name for name, key in changed.items() if key == base] == []
+    # speed only: the same key (the staged files stay reusable)
+    for speed in ({"max_num_seqs": 4}, {"gpu_memory_utilization": 0.5}, {"cpu_kv_cache_gib": 3},
+                  {"enforce_eager": True}, {"threads": 2}, {"max_model_len": 99}):
+        assert _key(tiny_model, replace(engine, **speed)) == base, speed
+    # the transformers backend ignores vLLM's split, as the rule's `parallel` param does
+    hf = replace(extraction, backend="transformers")
+    assert _key(tiny_model, replace(engine, tensor_parallel_size=2), hf) == _key(tiny_model, engine, hf)
+
+
+class Killed(BaseException):
+    """What a kill of the job looks like from inside extract_shard."""
+
+
+class _QuantizationMarked:
+    """A backend whose states carry the engine's quantization (offset 0 unquantized, 100 for fp8),
+    killed after `kill_after` rows (the rows before it are staged)."""
+
+    name = "vllm"
+    OFFSET = {None: 0.0, "fp8": 100.0}
+
+    def __init__(self, kill_after=None):
+        self.kill_after = kill_after
+
+    def extract(self, request):
+        for n, row in enumerate(request.rows):
+            if n == self.kill_after:
+                raise Killed
+            ids = request.token_ids[row]
+            states = torch.randn(len(ids), len(request.extracted), request.hidden_size,
+                                 generator=torch.Generator().manual_seed(row))
+            _write(request.dest / hsf.file_name(row), states + self.OFFSET[request.engine.quantization], ids)
+        return hs.backends.Extracted(sum(len(request.token_ids[r]) for r in request.rows), 0.0, 1.0)
+
+
+def test_a_shard_killed_and_resumed_under_another_quantization_holds_only_the_new_ones(
+        tiny_model, dataset, tmp_path, monkeypatch):
+    """Killed after 3 rows unquantized, resumed with vllm.quantization fp8: every published row is
+    fp8's (before, the 3 staged rows were reused: one shard of two quantizations)."""
+    path, _ = dataset
+    job = hs.ShardJob(0, 1, tmp_path / "shard_0")
+    plain = EngineSettings(dtype="float32", threads=1)
+    extraction = hs.ExtractionSettings(fidelity=hs.fidelity_check.FidelitySettings(rows=0))
+    monkeypatch.setattr(hs.backends, "get", lambda name: _QuantizationMarked(kill_after=3))
+    with pytest.raises(Killed):
+        hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), job, plain, extraction)
+    assert len(list((tmp_path / ".staging").glob("shard_0-*/hs_*.safetensors"))) == 3
+
+    monkeypatch.setattr(hs.backends, "get", lambda name: _QuantizationMarked())
+    from dataclasses import replace
+
+    manifest = hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), job, replace(plain, quantization="fp8"),
+                                extraction)
+    assert manifest["reused_rows"] == 0 and manifest["extracted_rows"] == NUM_ROWS
+    means = [float(load_file(job.out_dir / hsf.file_name(r))["hidden_states"].mean()) for r in range(NUM_ROWS)]
+    assert all(m > 50 for m in means), means
+
+
+def test_a_shard_killed_and_resumed_with_the_same_settings_reuses_its_staged_rows(
+        tiny_model, dataset, tmp_path, monkeypatch):
+    path, _ = dataset
+    job = hs.ShardJob(0, 1, tmp_path / "shard_0")
+    engine = EngineSettings(dtype="float32", threads=1, quantization="fp8")
+    extraction = hs.ExtractionSettings(fidelity=hs.fidelity_check.FidelitySettings(rows=0))
+    monkeypatch.setattr(hs.backends, "get", lambda name: _QuantizationMarked(kill_after=3))
+    with pytest.raises(Killed):
+        hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), job, engine, extraction)
+    monkeypatch.setattr(hs.backends, "get", lambda name: _QuantizationMarked())
+    manifest = hs.extract_shard(path, tiny_model, _layer_ids(tiny_model), job, engine, extraction)
+    assert manifest["reused_rows"] == 3 and manifest["extracted_rows"] == NUM_ROWS - 3
 
 
 def _write(path, hidden, tokens):

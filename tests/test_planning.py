@@ -159,9 +159,9 @@ def test_a_named_set_set_to_null_is_left_out(tiny_model, workdir):
 
 
 def test_a_vllm_rule_given_other_gpus_by_the_profile_is_refused(tiny_model, workdir):
-    with pytest.raises(PlanningError, match=r"gives rule evaluate gpu=2, but vLLM splits the target over "
+    with pytest.raises(PlanningError, match=r"gives rule evaluate_set gpu=2, but vLLM splits the target over "
                                             r"target.tensor_parallel_size x pipeline_parallel_size = 1 GPUs"):
-        plan_for(config_for(tiny_model), workdir, evaluate="2")
+        plan_for(config_for(tiny_model), workdir, evaluate_set="2")
 
 
 def test_gpu_overrides_are_plain_values():
@@ -231,3 +231,41 @@ def test_a_cluster_job_replans_quietly(tiny_model, workdir, capsys):
     err = capsys.readouterr().err
     assert plan.device == "cuda" and "planned for" not in err and "sizing for" not in err
     assert "expected disk use" in err  # the disk plan is checked wherever the workflow is parsed
+
+
+def test_an_executor_whose_plugin_is_missing_or_fails_to_load_stops_the_plan_naming_it(monkeypatch):
+    """Counted as local, a cluster run would be planned for this machine's device."""
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    from draftline.cluster import jobs_leave_this_machine
+    from draftline.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"executor 'nosuch': snakemake-executor-plugin-nosuch is not installed .*"
+                                        r"installed executors: .*local"):
+        jobs_leave_this_machine("nosuch")
+
+    def broken(self, name):
+        raise ImportError("libslurm.so: cannot open shared object file")
+
+    monkeypatch.setattr(ExecutorPluginRegistry, "get_plugin", broken)
+    with pytest.raises(PlanError, match=r"executor 'slurm': its plugin \(snakemake-executor-plugin-slurm\) failed to "
+                                        r"load: ImportError: libslurm.so"):
+        jobs_leave_this_machine("slurm")
+
+
+def test_a_batch_shorter_than_tokenize_max_seq_len_stops_the_plan_naming_both_keys(tiny_model, workdir):
+    short = {"total_seq_len": 128}
+    with pytest.raises(PlanningError, match=r"train.total_seq_len = 128 is below tokenize.max_seq_len = 256"):
+        plan_for(config_for(tiny_model, train=short), workdir)
+    plan = plan_for(config_for(tiny_model, train={**short, "allow_truncated_samples": True}), workdir)
+    assert plan.device == "cpu"
+
+
+def test_the_report_names_the_embedded_target_as_the_summary_does(workdir):
+    """report/workflow.rst titles the report from the config: the plan puts the target's resolved
+    name there, so the title reads "draft for SmolLM2-135M-Instruct", not "draft for embedded"."""
+    config = config_for(Path("embedded"))
+    plan = plan_for(config, workdir)
+    assert config["target"]["name"] == plan.summary.target == plan.target.name == "SmolLM2-135M-Instruct"
+    title = (REPO / "report" / "workflow.rst").read_text().splitlines()
+    assert any('{% set target = snakemake.config["target"]["name"] %}' in line for line in title)

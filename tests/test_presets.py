@@ -65,7 +65,7 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert "; on H100s total " in text  # beside the H200s, with its basis
 
     resources = _resources(out.stdout)
-    for rule in ("regenerate_shard", "hidden_states_shard", "evaluate"):
+    for rule in ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline"):
         assert resources[rule]["gpu"] == str(vllm_gpus), rule
     assert resources["train"]["gpu"] == str(train_gpus)
     assert all("runtime" in resources[r] and "mem_mb" in resources[r] for r in ("regenerate_shard", "train"))
@@ -349,6 +349,9 @@ def test_the_cpu_estimate_bounds_the_embedded_defaults_recorded_stage_times(monk
     }
     over = {stage: (seconds, round(per_job[stage])) for stage, seconds in measured.items() if seconds > per_job[stage]}
     assert not over, f"recorded seconds over the plan's estimate (recorded, estimate): {over}"
+    # the figure to plan by beside the bound: the share of each bound this run took
+    shares = {stage: round(seconds / per_job[stage], 2) for stage, seconds in measured.items()}
+    assert shares == sizing.EXPECTED_SHARE, f"sizing.EXPECTED_SHARE is not the record's: {shares}"
 
 
 def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_states():
@@ -432,7 +435,93 @@ def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
     wall = {stage: max(sizing.estimate(shape, plan, gpu=gpu)["wall_hours"][stage] for gpu in sizing.GPUS) * 60
             for stage in ("regeneration", "extraction", "training", "evaluation")}
     rules = {"regeneration": "regenerate_shard", "extraction": "hidden_states_shard", "training": "train",
-             "evaluation": "evaluate"}
+             "evaluation": "evaluate_set"}
     short = {stage: (minutes, profile[rules[stage]]["runtime"]) for stage, minutes in wall.items()
              if eval(str(profile[rules[stage]]["runtime"]), {"attempt": 1}) < minutes}
     assert not short, f"runtime (minutes, attempt 1) under the plan's bound of one job: {short}"
+
+
+def test_command_line_values_take_the_schemas_types_and_a_bad_one_names_its_key():
+    """What Snakemake's --config parser hands over (nested values as strings, a top-level number as
+    a number) becomes what the schema says each key is; a value of no allowed type is an error
+    naming the key, and a validation error about a --config key says it came from there."""
+    import jsonschema
+    from snakemake.exceptions import WorkflowError
+
+    from draftline.config_schema import CommandLineError, command_line_config, validation_error
+
+    config = recipe_config_default()
+    given = {"tokenize": {"max_seq_len": "512"}, "train": {"lr": "3e-4", "fsdp": "true"}, "run_name": 2026,
+             "hidden_states": {"layer_ids": ["2", "9", "20"]}, "evaluate": {"prompt_sets": {"code": "null"}},
+             "vllm": {"engine_args": {"block_size": "32"}}}
+    command_line_config(config, given)
+    assert config["tokenize"]["max_seq_len"] == 512 and config["train"]["lr"] == 3e-4 and config["train"]["fsdp"] is True
+    assert config["run_name"] == "2026"  # a string key stays a string
+    assert config["hidden_states"]["layer_ids"] == [2, 9, 20] and config["evaluate"]["prompt_sets"]["code"] is None
+    assert config["vllm"]["engine_args"] == {"block_size": 32}
+    assert config["train"]["epochs"] == 4  # a key not given keeps the config file's value
+
+    with pytest.raises(CommandLineError, match=r"--config train\.epochs: 'four' is not a valid train\.epochs"):
+        command_line_config(recipe_config_default(), {"train": {"epochs": "four"}})
+
+    def failing(value, path):  # as snakemake.utils.validate raises it
+        try:
+            try:
+                raise jsonschema.ValidationError(f"{value!r} was unexpected", path=path, validator="additionalProperties")
+            except jsonschema.ValidationError:
+                raise WorkflowError("Error validating config file.") from None
+        except WorkflowError as error:
+            return error
+
+    assert "--config" in validation_error(failing("epochz", ["train"]), {"train": {"epochz": "3"}})
+    assert validation_error(failing("epochz", ["train"]), {"train": {"lr": "1"}}) is None  # the file's key
+
+
+def recipe_config_default() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_commands_that_run_no_job_never_stop_at_the_device(tiny_model_8_heads, tmp_path):
+    """In the MoE recipe's run folder without its profile the plan is for this CPU machine, where
+    vllm.enable_expert_parallel is refused: a dry run stops there, but --unlock, --cleanup-metadata
+    and --list-changes, which run no job, say it as a note and do what they were asked."""
+    _recipe_workdir(tmp_path, "moe_235b", tiny_model_8_heads)
+    refused = "vllm.enable_expert_parallel: true is refused on CPU"
+    stopped = snakemake(tmp_path, "-n", check=False)
+    assert stopped.returncode != 0 and refused in stopped.stdout + stopped.stderr
+    lock = tmp_path / ".snakemake" / "locks"
+    lock.mkdir(parents=True)
+    (lock / "0.input.lock").write_text("a killed run's lock\n")
+    for command in (["--unlock"], ["--cleanup-metadata", "results/prompts/summary.json"], ["--list-changes", "input"]):
+        out = snakemake(tmp_path, *command, check=False)
+        assert f"draftline: note: {refused}" in out.stderr and f"(not a stop for {command[0]}, which runs no job)" in out.stderr
+        assert "draftline: sizing" not in out.stderr
+        if command[0] == "--cleanup-metadata":  # Snakemake's own answer: nothing recorded for it yet
+            assert "the metadata was not present" in out.stdout + out.stderr
+        else:
+            assert out.returncode == 0, out.stdout[-2000:]
+    assert not list(lock.iterdir())  # unlocked
+
+
+def test_no_job_command_reads_snakemakes_flags():
+    from draftline.planning import no_job_command
+
+    assert no_job_command(["snakemake", "--cores", "all", "--unlock"]) == "--unlock"
+    assert no_job_command(["snakemake", "--lc=params"]) == "--lc"
+    assert no_job_command(["snakemake", "-n", "results/checkpoint/final"]) is None
+
+
+def test_the_sizing_line_says_which_figure_is_the_bound_and_how_long_the_weights_take_to_load():
+    """The MoE target's 470 GB at the assumed 1 GB/s take about 8 minutes per vLLM job, which the
+    line names; its total is called a bound, with the figure to plan by beside it."""
+    from draftline import sizing
+
+    plan = sizing.Plan(10_000, 4096, 2048, 3, 100, 128, gpus_per_vllm_job=8, filesystem_bytes_per_s=1e9,
+                       eval_headline_prompts=50)
+    est = sizing.estimate(sizing.QWEN3_235B, plan)
+    text = sizing.describe(est)
+    assert ("each vLLM job starts in 8 min (included above): the weights (470.0 GB) load at 1 GB/s "
+            "(sizing.filesystem_gb_per_s), after 12 s of imports") in text
+    bound = sum(est["device_hours"].values())
+    expected = sum(h * sizing.EXPECTED_SHARE[k] for k, h in est["device_hours"].items())
+    assert f"total {bound:.1f} h (a bound; expected about {expected:.1f} h, " in text

@@ -516,3 +516,111 @@ def test_first_turns_of_a_prompt_set_in_any_format(tmp_path):
     bad = write(tmp_path, jsonl({"prompt": "ok"}) + "{not json\n", "bad.jsonl")
     with pytest.raises(PromptError, match=r"bad.jsonl:2"):
         read_first_turns(bad)
+
+
+# ------------------------------------------------------------------- tool calls and thinking
+
+TOOL_CALLS = str(DATA / "tool_calls.jsonl")
+
+
+def test_tool_rows_in_every_row_shape_keep_tools_calls_results_and_thinking(tmp_path):
+    """OpenAI `messages` (arguments as JSON strings, parallel calls), ShareGPT `function_call` /
+    `observation` with `tools` as a JSON string of flat schemas, and a plain `prompt` with tools:
+    normalized alike, arguments as objects, the thinking kept where the row had it."""
+    train, _, rejects, _ = build(tmp_path, [TOOL_CALLS])
+    assert not rejects and len(train) == 4
+    rows = {r["messages"][1 if r["messages"][0]["role"] == "system" else 0]["content"]: r for r in train}
+    paris = rows["What is the weather in Paris?"]
+    assert [m["role"] for m in paris["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    call = paris["messages"][2]
+    assert call["reasoning_content"] == "I should call the weather tool." and call["content"] == ""
+    assert call["tool_calls"] == [{"id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert paris["messages"][3] == {"role": "tool", "content": '{"temperature": 21, "sky": "clear"}', "tool_call_id": "call_1"}
+    assert [t["function"]["name"] for t in paris["tools"]] == ["get_weather", "add"]
+    two = rows["Weather in Rome and in Oslo?"]
+    assert [m["role"] for m in two["messages"]] == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
+    sharegpt = rows["What is 2 + 2?"]
+    assert sharegpt["tools"] == [{"type": "function", "function": json.loads(
+        json.loads(Path(TOOL_CALLS).read_text().splitlines()[2])["tools"])[0]}]
+    assert sharegpt["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
+    assert sharegpt["messages"][2] == {"role": "tool", "content": "4"}
+    from draftline.sources import normalize_conversation  # an export's empty tool_calls: no calls
+
+    assert normalize_conversation({"messages": [*SAME[:1], {**SAME[1], "tool_calls": []}]}, True).messages == SAME
+    prompt = rows["Add 3 and 4, please."]
+    assert prompt["messages"][1]["content"].startswith("<think>\nA small sum.\n</think>")
+    assert prompt["tools"][0]["function"]["name"] == "add"
+
+
+def test_tool_rows_from_parquet_are_the_same_conversations_as_from_jsonl(tmp_path):
+    """Parquet fills a key one row lacks with null (the tools' differing parameters, a turn's
+    absent tool_calls): the rows read back as the JSONL ones, with the same ids."""
+    import datasets
+
+    rows = [json.loads(line) for line in Path(TOOL_CALLS).read_text().splitlines()[:2]]
+    path = tmp_path / "tools.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    check_sources([str(path)])
+    from_parquet, _, _, summary = build(tmp_path / "p", [path])
+    jsonl_path = write(tmp_path, jsonl(*rows), "tools.jsonl")
+    from_jsonl, _, _, _ = build(tmp_path / "j", [jsonl_path])
+    assert summary["sources"][0]["format"] == "parquet"
+    strip = [{k: v for k, v in r.items() if k != "source"} for r in from_parquet]
+    assert strip == [{k: v for k, v in r.items() if k != "source"} for r in from_jsonl]
+
+
+CALL = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+WEATHER = json.loads(Path(TOOL_CALLS).read_text().splitlines()[1])["tools"]
+ASK = {"role": "user", "content": "Weather?"}
+BAD_TOOL_ROWS = {
+    "unknown_tool": ({"tools": WEATHER, "messages": [ASK, {"role": "assistant", "content": "", "tool_calls": [
+        {**CALL, "function": {"name": "get_time", "arguments": "{}"}}]}]},
+        r"messages\[1\]\.tool_calls\[0\] calls 'get_time', but its `tools` declare \['get_weather'\]"),
+    "calls without tools": ({"messages": [ASK, {"role": "assistant", "content": "", "tool_calls": [CALL]}]},
+                            r"messages\[1\]\.tool_calls\[0\] calls 'get_weather', but it has no `tools`"),
+    "bad_json_field": ({"tools": WEATHER, "messages": [ASK, {"role": "assistant", "content": "", "tool_calls": [
+        {**CALL, "function": {"name": "get_weather", "arguments": "{city: Paris}"}}]}]},
+        r"messages\[1\]\.tool_calls\[0\]\.function\.arguments the arguments is a string that is not valid JSON"),
+    "tool_without_call": ({"messages": [ASK, {"role": "assistant", "content": "Hi"}, {"role": "tool", "content": "4"}]},
+                          r"messages\[2\] is a tool result that answers no call"),
+    "tool_results_missing": ({"tools": WEATHER, "messages": [
+        ASK, {"role": "assistant", "content": "", "tool_calls": [CALL, {**CALL, "id": "d"}]},
+        {"role": "tool", "content": "21"}, {"role": "assistant", "content": "Warm."}]},
+        r"messages\[3\] is assistant while 1 of the calls of messages\[1\] have no tool result yet"),
+    "bad_tools": ({"tools": [{"type": "function", "function": {"description": "no name"}}], "messages": [ASK]},
+                  r"`tools\[0\]\.function\.name` is missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TOOL_ROWS))
+def test_bad_tool_rows_name_file_row_and_field_at_plan_time(tmp_path, case):
+    """check_sources (the dry run) reads the first rows: a bad tools field, call or result stops
+    it naming the JSONL line or the Parquet row and the field, in both formats."""
+    import datasets
+
+    row, message = BAD_TOOL_ROWS[case]
+    path = write(tmp_path, jsonl({"tools": WEATHER, "messages": [ASK]}, row))
+    with pytest.raises(PromptError, match=rf"src\.jsonl:2: {message}"):
+        check_sources([path])
+    parquet = tmp_path / "bad.parquet"
+    datasets.Dataset.from_list([{k: json.dumps(v) if k == "tools" else v for k, v in row.items()}]).to_parquet(str(parquet))
+    with pytest.raises(PromptError, match=rf"bad\.parquet\[0\]: {message}"):
+        check_sources([str(parquet)])
+
+
+def test_tools_and_thinking_enter_the_conversation_id_and_plain_rows_keep_theirs():
+    """The id hashes the tools, calls and thinking too, and a row of text turns keeps the id it
+    always had (staged answers and hidden states of earlier runs stay theirs)."""
+    import hashlib
+
+    from draftline.sources import conversation_id, normalize_conversation
+
+    plain = normalize_conversation({"messages": SAME}, True)
+    before = hashlib.sha256(json.dumps([[m["role"], m["content"]] for m in SAME], separators=(",", ":")).encode()).hexdigest()
+    assert conversation_id(plain.messages, plain.tools) == before[:16]
+    with_tools = normalize_conversation({"messages": SAME, "tools": WEATHER}, True)
+    thinking = normalize_conversation({"messages": [SAME[0], {**SAME[1], "reasoning_content": "Small."}]}, True)
+    ids = {conversation_id(c.messages, c.tools) for c in (plain, with_tools, thinking)}
+    assert len(ids) == 3

@@ -367,3 +367,154 @@ def test_the_answers_digest_is_the_merged_files_sha256_in_sha256sums_format(tmp_
     assert write_answers_digest(merged, digest) == first
     merged.write_text('{"id": "a", "messages": [{"role": "assistant", "content": "other"}]}\n')
     assert write_answers_digest(merged, digest) != first
+
+
+# ------------------------------------------------------------------- tool calls and thinking
+
+
+class ScriptedLLM:
+    """vLLM's `LLM.chat` as regeneration calls it: each prompt rendered with the target's
+    tokenizer as vLLM renders it (tools included), answered by `reply(messages)`."""
+
+    def __init__(self, tokenizer, reply):
+        self.tokenizer, self.reply, self.calls = tokenizer, reply, []
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def chat(self, prompts, params, use_tqdm=None, chat_template=None, chat_template_kwargs=None, tools=None):
+        from types import SimpleNamespace
+
+        outputs, texts = [], []
+        for messages in prompts:
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template, tokenize=False,
+                                                      add_generation_prompt=True, **(chat_template_kwargs or {}))
+            answer = self.reply(messages)
+            completion = SimpleNamespace(text=answer, token_ids=self.tokenizer(answer, add_special_tokens=False)["input_ids"],
+                                         finish_reason="stop")
+            outputs.append(SimpleNamespace(prompt_token_ids=self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                                           outputs=[completion]))
+            texts.append(text)
+        self.calls.append({"tools": tools, "texts": texts, "seeds": [p.seed for p in params]})
+        return outputs
+
+
+def _call(name, **arguments):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+THINKING = "<think>\nI need the weather.\n</think>\n\n"
+SCRIPT = {  # the last message's content -> the target's reply
+    "What is the weather in Paris?": THINKING + _call("get_weather", city="Paris"),
+    '{"temperature": 21, "sky": "clear"}': "It is 21 degrees.",
+    "Weather in Rome and in Oslo?": _call("get_weather", city="Rome") + "\n" + _call("get_weather", city="Oslo"),
+    '{"temperature": 4}': "Rome is warmer today.",
+    "Thanks! Which is warmer?": "Rome.",
+    "What is 2 + 2?": _call("get_weather", city="Two"),  # another function than the data's result answers
+    "Add 3 and 4, please.": "<think>\nA small sum.\n</think>\n\n7.",
+}
+
+
+@pytest.fixture(scope="module")
+def tool_run(tiny_model, tmp_path_factory):
+    """The tool-call fixture through the prompts stage and a regeneration whose target thinks
+    and calls tools (scripted), with the tiny model's tokenizer and a template that renders both."""
+    from pathlib import Path
+
+    from draftline.stages.prompts import PromptsSettings, collect_prompts
+    from draftline.stages.tokenize import load_tokenizer
+    from draftline.testing.tiny_model import CHATML_AGENT_TEMPLATE
+
+    folder = tmp_path_factory.mktemp("tools")
+    fixture = Path(__file__).parent / "data" / "prompts" / "tool_calls.jsonl"
+    rows = list(collect_prompts([str(fixture)], PromptsSettings(validation=0, test=0)).train)
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "template.jinja").write_text(CHATML_AGENT_TEMPLATE)
+    settings = replace(SETTINGS, max_model_len=1024, max_new_tokens=64, chat_template=str(folder / "template.jinja"))
+    llm = ScriptedLLM(load_tokenizer(tiny_model), lambda messages: SCRIPT[messages[-1]["content"]])
+    summary = regenerate(tiny_model, folder / "prompts.jsonl", folder / "out.jsonl", folder / "summary.json", settings, llm=llm)
+    out = {r["messages"][1 if r["messages"][0]["role"] == "system" else 0]["content"]: r
+           for r in map(json.loads, (folder / "out.jsonl").read_text().splitlines())}
+    return out, summary, llm.calls, folder, settings
+
+
+def test_regeneration_renders_the_tools_and_splices_the_datas_results_after_the_targets_own_calls(tool_run):
+    out, summary, calls, _, _ = tool_run
+    paris = out["What is the weather in Paris?"]["messages"]
+    assert [m["role"] for m in paris] == ["system", "user", "assistant", "tool", "assistant"]
+    assert paris[2] == {"role": "assistant", "content": THINKING, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    assert paris[3] == {"role": "tool", "content": '{"temperature": 21, "sky": "clear"}', "tool_call_id": "call_1"}
+    assert paris[4] == {"role": "assistant", "content": "It is 21 degrees."}  # the dataset's answer is gone
+    two = out["Weather in Rome and in Oslo?"]["messages"]  # parallel calls, then a second user turn
+    assert [m["role"] for m in two] == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
+    assert [c["id"] for c in two[1]["tool_calls"]] == ["r", "o"]
+    assert [m["content"] for m in two[4:]] == ["Rome is warmer today.", "Thanks! Which is warmer?", "Rome."]
+    # a call for another function than the data's result answers: the conversation ends at it
+    add = out["What is 2 + 2?"]["messages"]
+    assert [m["role"] for m in add] == ["user", "assistant"] and add[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert summary["tool_calls_generated"] == 4 and summary["tool_results_spliced"] == 3
+    assert summary["rows_shortened_tool_results"] == 1 and summary["rows_out"] == 4
+    # every prompt of a chat call had that call's tools rendered into it, and only those
+    for call in calls:
+        names = {t["function"]["name"] for t in call["tools"]}
+        for text in call["texts"]:
+            assert "<tools>" in text and all(f'"name": "{n}"' in text for n in names)
+    after_call = [t for c in calls for t in c["texts"] if t.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")]
+    assert any('{"temperature": 21, "sky": "clear"}' in t and "I need the weather." in t for t in after_call)
+    seeds = [s for c in calls for s in c["seeds"]]
+    assert len(seeds) == len(set(seeds)) == summary["turns_generated"]
+
+
+def test_regeneration_keeps_the_thinking_the_target_generates(tool_run):
+    out, _, _, _, _ = tool_run
+    answer = out["Add 3 and 4, please."]["messages"][-1]
+    assert answer == {"role": "assistant", "content": "<think>\nA small sum.\n</think>\n\n7."}
+
+
+def test_regenerated_tool_conversations_train_the_targets_calls_and_answers_never_the_results(tool_run, tiny_model):
+    """Through tokenization: the trained tokens are the target's replies (thinking and call text
+    included) with their end-of-turn tokens; the tool results, the tools and the prompts are not."""
+    from datasets import load_from_disk
+
+    from draftline.stages.tokenize import TokenizeSettings, load_tokenizer, tokenize
+
+    out, _, _, folder, settings = tool_run
+    summary = tokenize(tiny_model, folder / "out.jsonl", folder / "ds", folder / "freq.pt", folder / "tok.json",
+                       TokenizeSettings(max_seq_len=1024, chat_template=settings.chat_template))
+    tokenizer = load_tokenizer(tiny_model)
+    dataset = load_from_disk(str(folder / "ds")).with_format(None)
+    trained = {rid: tokenizer.decode([t for t, m in zip(ids, mask) if m])
+               for rid, ids, mask in zip(summary["ids"], dataset["input_ids"], dataset["loss_mask"])}
+    paris = trained[out["What is the weather in Paris?"]["id"]]
+    assert paris == (THINKING + _call("get_weather", city="Paris") + "<|im_end|>" + "It is 21 degrees.<|im_end|>")
+    for text in trained.values():
+        assert "temperature" not in text and "<tools>" not in text and "<tool_response>" not in text
+    assert summary["reasoning_tokens"] > 0 and summary["rows_with_reasoning"] == 2
+
+
+@pytest.mark.dag
+def test_vllm_renders_tools_calls_results_and_thinking_as_tokenization_does(tiny_model):
+    """The real engine: `LLM.chat` given a row's tools and a history holding a call with its
+    thinking and the tool's result renders the prompt token for token as tokenization's
+    `apply_chat_template` does, so the regenerated answers and their loss masks agree."""
+    from pathlib import Path
+
+    from draftline.artifacts.conversations import template_messages
+    from draftline.sources import normalize_conversation
+    from draftline.testing.tiny_model import CHATML_AGENT_TEMPLATE
+
+    row = json.loads((Path(__file__).parent / "data" / "prompts" / "tool_calls.jsonl").read_text().splitlines()[0])
+    conversation = normalize_conversation(row, regenerate_enabled=True)
+    history = template_messages(conversation.messages[:4])  # system, user, the call (thinking), its result
+    tools = conversation.tools
+    llm = target_llm(tiny_model, replace(SETTINGS, max_model_len=1024))  # the module's engine holds 160 tokens
+    try:
+        (output,) = llm.chat([history], None, use_tqdm=False, chat_template=CHATML_AGENT_TEMPLATE, tools=tools)
+        tokenizer = llm.get_tokenizer()
+    finally:
+        shutdown(llm)
+    text = tokenizer.apply_chat_template(history, tools=tools, chat_template=CHATML_AGENT_TEMPLATE,
+                                         tokenize=False, add_generation_prompt=True)
+    assert "<tools>" in text and "I should call the weather tool." in text and "<tool_response>" in text
+    assert list(output.prompt_token_ids) == tokenizer(text, add_special_tokens=False)["input_ids"]

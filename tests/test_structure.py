@@ -21,6 +21,7 @@ STAGES = {
     "prompts": "prompts", "target_model": "target_model", "layer_ids": "layer_ids", "regenerate": "regenerate",
     "tokenize": "tokenize", "disk_estimate": "disk_estimate", "hidden_states": "hidden_states", "vocab": "vocab",
     "speculator_config": "speculator_config", "train": "train", "train_entry": "train", "evaluate": "evaluate",
+    "evaluate_merge": "evaluate",
     "report": "report", "summary": "summary",
 }
 # What stages share: the files between them, the seams, and the runtime helpers.

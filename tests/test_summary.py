@@ -61,7 +61,7 @@ def test_summary_of_a_finished_run(tiny_run, tmp_path):
     # wall times: every stage's benchmark, longest first; disk: every results folder
     seconds = list(summary["wall_seconds"].values())
     assert seconds == sorted(seconds, reverse=True)
-    assert {"train", "evaluate", "regenerate/shard_0", "hidden_states/shard_0"} <= set(summary["wall_seconds"])
+    assert {"train", "evaluate/test", "evaluate_baseline", "regenerate/shard_0", "hidden_states/shard_0"} <= set(summary["wall_seconds"])
     assert summary["disk_bytes"]["hidden_states"] == folder_bytes(results / "hidden_states") > 0
     assert summary["disk_bytes_total"] == sum(summary["disk_bytes"].values())
 
@@ -148,3 +148,103 @@ def test_truncation_warning_counts_answers_cut_mid_thought_not_loops(tmp_path):
     assert not any("max_new_tokens" in w for w in looping["warnings"])
     cut = run(cut_prose=3, cut_loops=1)
     assert any("30% of the regenerated answers (3 of 10)" in w and "1 more cut while repeating" in w for w in cut["warnings"])
+
+
+def test_the_samples_the_trainer_cut_or_left_out_are_in_the_summary(tmp_path):
+    """From the published checkpoint's provenance (train/sampling.py's counts)."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    final = tmp_path / "results/checkpoint/final"
+    final.mkdir(parents=True)
+    dropped = {"total_seq_len": 512, "world_size": 2, "epochs": 2,
+               "training": {"samples": 90, "truncated": 7, "truncated_tokens": 1234, "left_over_per_epoch": [1, 0]},
+               "validation": {"samples": 10, "truncated": 1, "truncated_tokens": 40, "left_over_per_epoch": [0, 1]}}
+    (final / "draftline_provenance.json").write_text(json.dumps({"epochs": 2, "dropped_samples": dropped}))
+    summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cuda", benchmarks=tmp_path / "none")
+    assert summary["training"]["dropped_samples"] == dropped
+    markdown = to_markdown(summary)
+    assert ("| samples cut at train.total_seq_len (512) | 7 of 90 training (1234 tokens never trained on), 1 of 10 "
+            "validation |") in markdown
+    assert "| samples left out per epoch (2 training process(es)) | training [1, 0], validation [0, 1] |" in markdown
+
+
+def _finished_draft(results, epochs=4, chosen=3):
+    final = results / "checkpoint/final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"chosen_epoch": chosen, "chosen_epoch_folder": chosen - 1, "epochs": epochs}))
+    return final
+
+
+def test_end_of_run_lines_say_where_the_draft_is_what_it_reached_and_what_to_run_next(tmp_path):
+    """The last lines of a run: the checkpoint, the summary's headline (only when the summary was
+    written after this draft), and the next command (the rest of the run, or serving it)."""
+    import os
+
+    from draftline.stages.summary import end_of_run_lines
+
+    results = tmp_path / "results"
+    assert end_of_run_lines(results, "resources/target/tiny") == []  # nothing trained: nothing to say
+    final = _finished_draft(results)
+    lines = end_of_run_lines(results, "resources/target/tiny")
+    assert lines[0] == f"the draft is in {final}/ (epoch 3 of 4, eagle3)"
+    assert lines[1].startswith("next: ./draftline snakemake --cores all") and len(lines) == 2
+
+    summary = {"num_speculative_tokens": 3, "acceptance": [
+        {"set": "test", "headline": True, "prompts": 40, "draft": "trained", "mean_acceptance_length": 1.642,
+         "interval_95": [1.547, 1.744]},
+        {"set": "test", "headline": True, "prompts": 40, "draft": "untrained", "mean_acceptance_length": 1.0},
+        {"set": "code", "headline": False, "prompts": 20, "draft": "trained", "mean_acceptance_length": 1.3},
+    ]}
+    (results / "summary.json").write_text(json.dumps(summary))
+    lines = end_of_run_lines(results, "org/target")
+    assert len(lines) == 3
+    assert lines[1] == (f"the test set (40 prompts, k = 3): mean acceptance length 1.64 [1.55, 1.74] with the "
+                        f"trained draft, 1.00 untrained ({results}/summary.md)")
+    assert lines[2].startswith(f"next: vllm serve org/target --speculative-config '{{\"method\": \"eagle3\", "
+                               f"\"model\": \"{final}\", \"num_speculative_tokens\": 3}}'")
+
+    # a summary of an earlier draft is not this one's headline
+    provenance = final / "draftline_provenance.json"
+    stamp = (results / "summary.json").stat().st_mtime
+    os.utime(provenance, (stamp + 10, stamp + 10))
+    assert end_of_run_lines(results, "org/target")[1].startswith("next: ./draftline snakemake --cores all")
+
+
+def test_end_of_run_serve_command_uses_the_algorithms_vllm_method(tmp_path):
+    """A P-EAGLE draft is served as vLLM's eagle3 with parallel drafting (draftline.algorithms),
+    not under its speculators name."""
+    from draftline.stages.summary import end_of_run_lines
+
+    results = tmp_path / "results"
+    final = _finished_draft(results)
+    (final / "config.json").write_text(json.dumps({"speculators_model_type": "peagle"}))
+    summary = {"num_speculative_tokens": 3, "acceptance": [
+        {"set": "test", "headline": True, "prompts": 40, "draft": "trained", "mean_acceptance_length": 1.5}]}
+    (results / "summary.json").write_text(json.dumps(summary))
+    lines = end_of_run_lines(results, "org/target")
+    assert lines[0].endswith("(epoch 3 of 4, peagle)")
+    assert lines[-1].startswith(f"next: vllm serve org/target --speculative-config '{{\"method\": \"eagle3\", "
+                                f"\"model\": \"{final}\", \"num_speculative_tokens\": 3, \"parallel_drafting\": true}}'")
+
+
+def test_summary_counts_the_reasoning_tokens_apart_when_the_answers_think(tmp_path):
+    """tokenize.reasoning: the run's page says how many assistant tokens were thinking and how
+    many the rest of the answers, and whether the thinking was trained; a run whose answers
+    never think shows neither."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    tokenized = tmp_path / "results" / "tokenized"
+    tokenized.mkdir(parents=True)
+    for reasoning, thinking in (("exclude", 120), ("train", 0)):
+        counts = {"rows": 3, "total_tokens": 400, "trainable_tokens": 80, "reasoning_tokens": thinking,
+                  "answer_tokens": 80, "reasoning": reasoning}
+        (tokenized / "summary.json").write_text(json.dumps(counts))
+        summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
+        markdown = to_markdown(summary)
+        if thinking:
+            assert "| reasoning tokens (left out of the loss, tokenize.reasoning: exclude) | 120 |" in markdown
+            assert "| answer tokens (besides the reasoning) | 80 |" in markdown
+        else:
+            assert "reasoning" not in markdown

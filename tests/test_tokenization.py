@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
+from draftline.config_schema import default
 from draftline.stages.tokenize import (
     TemplateError,
     TokenizeSettings,
@@ -255,3 +256,92 @@ def test_chat_template_kwargs_reach_the_template_and_stay_out_of_the_loss(chatml
                                                  enable_thinking=False)
     assert trained == plain_trained  # the answers and their end-of-turn tokens, never the think block
     assert "<think>" not in tokenizer.decode(trained)
+
+
+# ------------------------------------------------------------------------- thinking (reasoning)
+
+THINKING_ROWS = [
+    # a dataset answer whose thinking is its own field (speculators' `reasoning_content`)
+    {"id": "field", "messages": [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "The capital of France is Paris."},
+        {"role": "user", "content": "And of Italy?"},
+        {"role": "assistant", "content": "Rome.", "reasoning_content": "Italy: Rome."}]},
+    # one whose thinking is written into its content, as a thinking target generates it
+    {"id": "inline", "messages": [
+        {"role": "user", "content": "Write a short poem about the sea."},
+        {"role": "assistant", "content": "<think>\nWide, blue, deep.\n</think>\n\nThe sea is wide and blue."}]},
+    {"id": "plain", "messages": [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def thinking_runs(tiny_model_thinking, tmp_path_factory):
+    """The rows through the whole tokenize step (regenerate.enabled: false: the dataset's own
+    thinking answers) on a target whose template thinks, once per tokenize.reasoning setting."""
+    from datasets import load_from_disk
+
+    folder = tmp_path_factory.mktemp("thinking")
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in THINKING_ROWS))
+    tokenizer = load_tokenizer(tiny_model_thinking)
+    runs = {}
+    for reasoning in ("train", "exclude"):
+        out = folder / reasoning
+        summary = tokenize(tiny_model_thinking, folder / "rows.jsonl", out / "ds", out / "freq.pt", out / "s.json",
+                           TokenizeSettings(max_seq_len=512, reasoning=reasoning))
+        dataset = load_from_disk(str(out / "ds")).with_format(None)
+        trained = {rid: tokenizer.decode([t for t, m in zip(ids, mask) if m])
+                   for rid, ids, mask in zip(summary["ids"], dataset["input_ids"], dataset["loss_mask"])}
+        runs[reasoning] = summary, trained, dataset["input_ids"], torch.load(out / "freq.pt")
+    return runs
+
+
+def test_reasoning_train_keeps_the_thinking_in_the_loss_as_speculators_preprocessing_does(thinking_runs):
+    """The default (speculators 0.9.0 masks the whole rendered assistant turn from its render
+    boundary): each answer is trained with its <think> block, as the template renders it."""
+    summary, trained, _, _ = thinking_runs["train"]
+    assert default("tokenize", "reasoning") == "train" == summary["reasoning"]
+    assert trained["field"] == ("<think>\nThe capital of France is Paris.\n</think>\n\nParis.<|im_end|>"
+                                "<think>\nItaly: Rome.\n</think>\n\nRome.<|im_end|>")
+    assert trained["inline"] == "<think>\nWide, blue, deep.\n</think>\n\nThe sea is wide and blue.<|im_end|>"
+    assert trained["plain"] == "Hi.<|im_end|>"
+
+
+def test_reasoning_exclude_leaves_the_thinking_out_and_the_summary_counts_each(thinking_runs):
+    (train, _, train_ids, train_freq), (summary, trained, ids, freq) = thinking_runs["train"], thinking_runs["exclude"]
+    assert summary["reasoning"] == "exclude"
+    assert trained["field"] == "\n\nParis.<|im_end|>\n\nRome.<|im_end|>"  # what follows </think>: the answer
+    assert trained["inline"] == "\n\nThe sea is wide and blue.<|im_end|>"
+    assert trained["plain"] == "Hi.<|im_end|>"
+    assert ids == train_ids  # the same tokens; only the mask differs
+    for s in (train, summary):  # counted alike under both settings
+        assert s["reasoning_tokens"] == train["reasoning_tokens"] > 0 and s["rows_with_reasoning"] == 2
+        assert s["answer_tokens"] == train["answer_tokens"]
+    assert train["trainable_tokens"] == train["reasoning_tokens"] + train["answer_tokens"]
+    assert summary["trainable_tokens"] == train["answer_tokens"]
+    assert sum(freq.values()) == summary["trainable_tokens"] < sum(train_freq.values())  # the vocab follows the mask
+
+
+def test_a_pre_filled_think_block_is_thinking_from_the_answers_first_token(chatml):
+    """A template whose generation prompt opens <think> (DeepSeek-R1's): the answer's tokens up
+    to </think> are the thinking."""
+    from draftline.stages.tokenize import apply_reasoning
+
+    tokenizer, stop = chatml
+    prefill = CHATML_PREFILL_TEMPLATE
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Greet back.\n</think>\n\nHello!"}]
+    tok = tokenize_conversation(tokenizer, messages, stop, chat_template=prefill)
+    thinking = tokenizer.decode([t for t, r in zip(tok.input_ids, tok.reasoning) if r])
+    assert thinking == "Greet back.\n</think>"
+    kept = apply_reasoning(tok, "exclude")
+    assert tokenizer.decode([t for t, m in zip(kept.input_ids, kept.loss_mask) if m]) == "\n\nHello!<|im_end|>"
+
+
+CHATML_PREFILL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{{ '<think>\\n' }}{% endif %}"
+    "{{ message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)

@@ -151,6 +151,14 @@ def test_training_publishes_best_epoch_with_expected_tensors(train_inputs, train
     assert provenance["algorithm"] == "eagle3"
     # offline: every file is checked first, so nothing is skipped (counted all the same)
     assert provenance["skipped_samples"] == {"total": 0, "training": 0, "validation": 0, "per_epoch": {}, "allowed": 0}
+    # what speculators' sampler cut or left out: one process leaves nothing out of an epoch
+    from datasets import load_from_disk
+
+    lengths = [int(n) for n in load_from_disk(str(train_inputs.dataset)).with_format(None)["seq_len"]]
+    dropped = provenance["dropped_samples"]
+    assert dropped["world_size"] == 1 and dropped["training"]["left_over_per_epoch"] == [0, 0]
+    assert dropped["training"]["samples"] + dropped["validation"]["samples"] == len(lengths)
+    assert dropped["training"]["truncated"] + dropped["validation"]["truncated"] == sum(n > 256 for n in lengths)
     # the run's records travel with the draft (the report's loss plot reads them there)
     assert sorted(metrics.val_losses(final / "metrics.jsonl")) == [0, 1]
 
@@ -401,3 +409,73 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
     record = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}
     assert str(tmp_path) not in (tmp_path / "train_command.txt").read_text() + (tmp_path / "run.yaml").read_text()
+
+
+def test_the_views_fidelity_is_read_before_training_and_a_broken_manifest_stops_saying_which(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    from draftline.stages.train.publish import view_fidelity
+
+    view = tmp_path / "all"
+    view.mkdir()
+    assert view_fidelity(view) is None  # a folder of files made elsewhere: unchecked, and said so
+    assert "has no manifest.json (a folder not built by draftline's hidden_states_view step)" in caplog.text
+    (view / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"all/manifest.json: not valid JSON .* delete .* and rerun"):
+        view_fidelity(view)
+    (view / "manifest.json").write_text(json.dumps({"rows": 3}))  # a view from before the check
+    assert view_fidelity(view) is None
+    assert "holds no hidden-state fidelity record" in caplog.text
+    record = {"total": {"top1_assistant": 0.9}, "shards": {}}
+    (view / "manifest.json").write_text(json.dumps({"rows": 3, "fidelity": record}))
+    assert view_fidelity(view) == record
+
+
+def test_the_samples_speculators_sampler_cuts_or_leaves_out_are_counted(tmp_path):
+    """Rows of at least total_seq_len tokens pack one per rank per batch, so with 3 processes the
+    sampler must leave out 8 % 3 = 2 training rows each epoch, and both validation rows (fewer than
+    ranks); one process leaves out none. Rows built longer than total_seq_len are the cut ones."""
+    from datasets import Dataset
+
+    from draftline.stages.train.sampling import describe, dropped_count, dropped_samples
+
+    total = 64
+    lengths = [64, 80, 64, 100, 64, 64, 70, 64, 64, 90]  # 8 training rows (ratio 0.8), 2 validation
+    Dataset.from_dict({"input_ids": [[1] * n for n in lengths], "loss_mask": [[1] * n for n in lengths],
+                       "seq_len": lengths}).save_to_disk(str(tmp_path / "ds"))
+    three = dropped_samples(tmp_path / "ds", total, 0.8, world_size=3, epochs=2, seed=0)
+    assert three["training"] == {"samples": 8, "truncated": 3, "truncated_tokens": 16 + 36 + 6,
+                                 "left_over_per_epoch": [2, 2]}
+    assert three["validation"] == {"samples": 2, "truncated": 1, "truncated_tokens": 26,
+                                   "left_over_per_epoch": [2, 2]}
+    one = dropped_samples(tmp_path / "ds", total, 0.8, world_size=1, epochs=2, seed=0)
+    assert one["training"]["left_over_per_epoch"] == [0, 0] and one["validation"]["left_over_per_epoch"] == [0, 0]
+    assert dropped_count(one) == 4 and dropped_count(three) == 4 + 8
+    assert "3 of 8 in training (58 tokens never trained on)" in describe(three)
+    # a batch that holds every row whole: nothing cut, nothing left over with one process
+    nothing = dropped_samples(tmp_path / "ds", 128, 0.8, world_size=1, epochs=1, seed=0)
+    assert dropped_count(nothing) == 0
+
+
+def test_the_run_keys_target_is_the_plans_identity_or_the_folders_content(tmp_path, tiny_model):
+    """Given the plan's identity (the rule's `target` param), nothing of the target is read; without
+    it, the folder's content through the hash cache (a rewrite in place is a new run key)."""
+    import shutil
+
+    from draftline.stages.train import TrainInputs, input_fingerprints
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    base = dict(config_dir=tmp_path, dataset=tmp_path / "none", hidden_states=None, d2t=tmp_path / "none",
+                t2d=tmp_path / "none", layer_ids=tmp_path / "none", target=str(model))
+    server = {"any": "server"}
+    planned = input_fingerprints(TrainInputs(**base, target_identity={"kind": "local", "sha256": "abc"}), server)
+    other = input_fingerprints(TrainInputs(**base, target_identity={"kind": "local", "sha256": "def"}), server)
+    assert planned["target"] != other["target"]
+    by_content = input_fingerprints(TrainInputs(**base), server)["target"]
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    assert input_fingerprints(TrainInputs(**base), server)["target"] != by_content

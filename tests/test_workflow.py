@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
-from workflow import REPO, load_published_draft, planned_jobs, snakemake, write_config
+from workflow import REPO, fake_finished_run, load_published_draft, planned_jobs, snakemake, write_config
 
 ALL_STAGES = {
     "target_model": 1,
@@ -62,6 +62,41 @@ def test_bad_config_stops_before_any_job_naming_the_key(tmp_path, change, key):
     assert result.returncode != 0
     assert key in result.stderr + result.stdout
     assert not (workdir / "results").exists()
+
+
+def test_a_finished_run_ends_saying_where_the_draft_is_and_what_to_run_next(tmp_path):
+    """After the quick start's last job the run prints where the draft is and the next command,
+    not only Snakemake's "N of N steps done" (the end-of-run lines of draftline.stages.summary)."""
+    workdir = default_workdir(tmp_path)
+    fake_finished_run(workdir, "results/checkpoint/final")
+    final = workdir / "results/checkpoint/final"
+    (final / "draftline_provenance.json").write_text(json.dumps({"chosen_epoch": 2, "chosen_epoch_folder": 1,
+                                                                  "epochs": 4}))
+    out = snakemake(workdir, "--touch", "--cores", "1", "--forcerun", "train", "results/checkpoint/final")
+    tail = out.stderr.splitlines()[-6:]
+    assert "draftline: the draft is in results/checkpoint/final/ (epoch 2 of 4, eagle3)" in tail, tail
+    assert "draftline: next: ./draftline snakemake --cores all (evaluation, the report's plots and results/summary.md)" in tail
+
+
+def test_nested_settings_from_the_command_line_are_taken_as_the_schemas_types(tmp_path):
+    """`--config 'tokenize={"max_seq_len": 512}'` reaches the plan as the integer 512 (Snakemake
+    hands nested values over as strings), 3e-4 as a number; a value of the wrong type stops naming
+    the key and the command line, as does an unknown key given there (docs/configuration.md)."""
+    workdir = default_workdir(tmp_path)
+    out = snakemake(workdir, "-n", "results/checkpoint/final", "--config", 'tokenize={"max_seq_len": 512}',
+                    'train={"lr": 3e-4}', "hidden_states={layer_ids: [2, 9, 20]}")
+    assert "x <= 512 tokens" in out.stderr
+
+    bad = snakemake(workdir, "-n", "results/checkpoint/final", "--config", 'tokenize={"max_seq_len": "5x12"}',
+                    check=False)
+    assert bad.returncode != 0
+    said = "--config tokenize.max_seq_len: '5x12' is not a valid tokenize.max_seq_len (the schema's type: integer"
+    assert said in bad.stdout + bad.stderr
+
+    unknown = snakemake(workdir, "-n", "results/checkpoint/final", "--config", 'train={"epochz": 3}', check=False)
+    assert unknown.returncode != 0
+    assert "Error validating the command line's --config (or a profile's config:) at train" in unknown.stdout + unknown.stderr
+    assert "'epochz' was unexpected" in unknown.stdout and "Error validating config file" not in unknown.stdout
 
 
 def test_missing_prompt_source_stops_at_parse_time(tmp_path):

@@ -49,7 +49,12 @@ def planned_jobs(
 ) -> dict[str, int]:
     """Rule name -> job count from a dry run's 'Job stats' table ({} when nothing is planned)."""
     out = snakemake(workdir, "-n", *extra, *targets, repo=repo)
-    lines = (out.stdout + out.stderr).splitlines()
+    return job_counts(out.stdout + out.stderr)
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """Rule name -> job count from a dry run's printed 'Job stats' table."""
+    lines = dry_run_output.splitlines()
     counts: dict[str, int] = {}
     for i, line in enumerate(lines):
         if line.split()[:2] == ["job", "count"]:
@@ -115,13 +120,15 @@ REGENERATION = {"regenerate_settings": 1, "regenerate_shard": 1, "regenerate_mer
 # What a dry run of results/lineage.json plans after a change at each stage (the tiny configs
 # use the target folder in place: no target_model job). The lineage covers the evaluation and
 # the report's plots, so they follow training.
+# Training reruns each set's evaluation (validation and test) and their gathering, not the
+# untrained baseline (it depends on the config and vocab maps only).
 AFTER_TRAIN = {
-    "train": 1, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
+    "train": 1, "evaluate_set": 2, "evaluate": 1, "report_loss": 1, "report_acceptance": 1, "report_wall_times": 1,
     "lineage": 1,
 }
 AFTER_TOKENIZE = {
     "tokenize": 1, "hidden_states_disk_estimate": 1, "hidden_states_shard": 2, "hidden_states_view": 1,
-    "report_hidden_states_disk": 1, "vocab": 1, "report_vocab_coverage": 1, **AFTER_TRAIN,
+    "report_hidden_states_disk": 1, "vocab": 1, "report_vocab_coverage": 1, "evaluate_baseline": 1, **AFTER_TRAIN,
 }
 
 

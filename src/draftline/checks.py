@@ -109,8 +109,14 @@ def check_config(config: dict, shape: TargetShape | None, device: str | None = N
             f"hidden_states.shards = {shards} is more than prompts.max_samples = {max_samples} "
             "training conversations, so some shards would have no rows; lower hidden_states.shards"
         )
-    if shape is None:
-        return
+    if shape is not None:
+        check_target_shape(config, shape)
+    check_batch_fits_a_conversation(config)
+
+
+def check_target_shape(config: dict, shape: TargetShape) -> None:
+    """Layer ids, draft vocabulary and sequence length the target cannot serve."""
+    hs = config["hidden_states"]
     if hs["layer_ids"] != "auto":
         check_aux_layer_ids(hs["layer_ids"], shape.num_hidden_layers, shape.source)
     check_draft_vocab(config["vocab"]["draft_vocab_size"], shape.vocab_size, shape.source)
@@ -120,6 +126,21 @@ def check_config(config: dict, shape: TargetShape | None, device: str | None = N
             f"tokenize.max_seq_len = {max_seq_len} is above the target's maximum of "
             f"{shape.max_position_embeddings} positions (max_position_embeddings in "
             f"{shape.source}); set it to at most {shape.max_position_embeddings}"
+        )
+
+
+def check_batch_fits_a_conversation(config: dict) -> None:
+    """speculators' sampler cuts a sample longer than train.total_seq_len to its first
+    total_seq_len tokens (the rest of the conversation is never trained on): below
+    tokenize.max_seq_len that is only allowed with train.allow_truncated_samples."""
+    train, max_seq_len = config.get("train") or {}, config["tokenize"]["max_seq_len"]
+    total = train.get("total_seq_len")
+    if total is not None and total < max_seq_len and not train.get("allow_truncated_samples", False):
+        raise ConfigError(
+            f"train.total_seq_len = {total} is below tokenize.max_seq_len = {max_seq_len}: speculators' sampler "
+            f"cuts every conversation longer than {total} tokens to its first {total} (their ends are never "
+            f"trained on). Set train.total_seq_len to at least {max_seq_len}, or tokenize.max_seq_len to at most "
+            f"{total}, or accept the cut with train.allow_truncated_samples: true (the summary counts them)"
         )
 
 

@@ -39,17 +39,31 @@ def snakemake_executor() -> str | None:
 
 def jobs_leave_this_machine(executor: str | None) -> bool:
     """Whether `executor` runs jobs elsewhere (a cluster or cloud plugin); local, dryrun and
-    touch run them here. An executor no installed plugin provides counts as local (Snakemake
-    stops on it anyway)."""
+    touch run them here. An executor whose plugin is not installed or fails to load stops the plan
+    (PlanError naming the executor, its package and what failed): counted as local, it would plan
+    a cluster run for this machine's device."""
     if executor in (None, "local", "dryrun", "touch"):
         return False
-    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
-
+    package = f"snakemake-executor-plugin-{executor}"
     try:
-        plugin = ExecutorPluginRegistry().get_plugin(executor)
-    except Exception:  # an unknown name: Snakemake itself says so
-        return False
-    return not plugin.common_settings.local_exec
+        from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+        registry = ExecutorPluginRegistry()
+        if not registry.is_installed(executor):
+            raise PlanError(
+                f"executor {executor!r}: {package} is not installed in this environment (installed executors: "
+                f"{', '.join(sorted(registry.get_registered_plugins()))}); install it, or name another executor"
+            )
+        plugin = registry.get_plugin(executor)
+        return not plugin.common_settings.local_exec
+    except PlanError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of a third-party plugin's import
+        raise PlanError(
+            f"executor {executor!r}: its plugin ({package}) failed to load: {type(error).__name__}: {error}. "
+            "Fix or reinstall the plugin (`./draftline python -c 'import snakemake_executor_plugin_"
+            f"{executor.replace('-', '_')}'` shows the full error)"
+        ) from error
 
 
 def cluster_device(setting: str, on_cluster: bool, cpu_on_cluster: bool, executor: str | None) -> str:

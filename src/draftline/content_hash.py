@@ -89,9 +89,13 @@ def digest_folder(folder: str | Path, cache: HashCache | None = None, skip: Iter
     return digest_files(files, cache)
 
 
-# Files and folders up to this many bytes are fingerprinted by content; bigger ones (model
-# weights, hidden-state shards) by each file's relative path, size and mtime, which is cheap
-# and still changes whenever a file is rewritten.
+# Files and folders up to this many bytes are fingerprinted by content. Bigger ones (model
+# weights, hidden-state shards) by content too when the caller gives a HashCache (each file read
+# once per version: the target's, whose hashes the plan already made); else by each file's
+# relative path, size, mtime and ctime: cheap, and it changes whenever a file is rewritten, in
+# place or not, whatever is restored after (ctime cannot be set back), but also when a file is
+# only copied, restored or re-linked to the same bytes (ctime again): then a training run key
+# changes (a new run instead of a resume), never a result.
 HASH_LIMIT = 64 * 2**20
 
 
@@ -99,22 +103,23 @@ def _stat_digest(files: Iterable[tuple[str, Path]]) -> str:
     digest = hashlib.sha256()
     for rel, path in files:
         st = path.stat()  # follows symlinks (the training view's links to shard files)
-        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}\n".encode())
     return digest.hexdigest()
 
 
-def fingerprint(path: str | Path, limit: int = HASH_LIMIT, skip: Iterable[str] = ()) -> dict:
+def fingerprint(path: str | Path, limit: int = HASH_LIMIT, skip: Iterable[str] = (),
+                cache: HashCache | None = None) -> dict:
     """The one fingerprint of a file or folder (symlinks followed) that provenance, training run
-    keys and staging keys use: {"sha256": ...} of the content up to `limit` bytes, {"stat": ...}
-    of names, sizes and mtimes above it; {"missing": True} when absent. `digest(...)` is the
-    hash alone."""
+    keys and staging keys use: {"sha256": ...} of the content up to `limit` bytes (any size with
+    `cache`), {"stat": ...} of names, sizes, mtimes and ctimes above it; {"missing": True} when
+    absent. `digest(...)` is the hash alone."""
     path = Path(path)
     if not path.exists():
         return {"path": str(path), "missing": True}
     if path.is_file():
         size = path.stat().st_size
-        if size <= limit:
-            return {"path": str(path), "bytes": size, "sha256": sha256_file(path)}
+        if size <= limit or cache is not None:
+            return {"path": str(path), "bytes": size, "sha256": (cache or HashCache(None)).sha256(path)}
         return {"path": str(path), "bytes": size, "stat": _stat_digest([(path.name, path)])}
     skip = set(skip)
     files = sorted(
@@ -122,11 +127,8 @@ def fingerprint(path: str | Path, limit: int = HASH_LIMIT, skip: Iterable[str] =
     )
     total = sum(p.stat().st_size for _, p in files)
     out = {"path": str(path), "files": len(files), "bytes": total}
-    if total <= limit:
-        digest = hashlib.sha256()
-        for rel, p in files:
-            digest.update(f"{rel}\0{sha256_file(p)}\n".encode())
-        out["sha256"] = digest.hexdigest()
+    if total <= limit or cache is not None:
+        out["sha256"] = digest_files(files, cache)
     else:
         out["stat"] = _stat_digest(files)
     return out

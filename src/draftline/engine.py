@@ -15,7 +15,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from draftline.config_schema import default
+from draftline.config_schema import default, output_changing
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +106,10 @@ class EngineSettings:
         return cls(**{**{f.name: getattr(self, f.name) for f in fields(EngineSettings)}, **own})
 
 
-# The vllm.* keys that can change what the engine computes (they decide staleness); the others
-# (gpu_memory_utilization, max_num_seqs, enable_expert_parallel, enforce_eager, cpu_kv_cache_gib)
-# change only speed or memory. engine_args counts whole: draftline cannot tell what a key does.
-OUTPUT_FIELDS = ("quantization", "kv_cache_dtype", "max_model_len", "engine_args")
+# The vllm.* keys that can change what the engine computes (they decide staleness): those the schema
+# marks `x-changes-outputs: true`; the others change only speed or memory. engine_args counts whole:
+# draftline cannot tell what a key does.
+OUTPUT_FIELDS = output_changing("vllm")
 # vLLM arguments draftline sets itself (from target.*, the plan, or the stage): not in engine_args
 OWN_ARGS = {
     "model": "target.model", "tokenizer": "target.model", "revision": "target.revision",
@@ -168,8 +168,9 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
 
 def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> dict:
     """The fields of `settings` that can change outputs, as plain values (a param that decides
-    staleness); `without` leaves out fields a stage does not use (extraction: max_model_len)."""
-    return {key: getattr(settings, key) for key in OUTPUT_FIELDS if key not in without}
+    staleness; sorted, so reordering the schema reruns nothing); `without` leaves out fields a stage
+    does not use (extraction: max_model_len)."""
+    return {key: getattr(settings, key) for key in sorted(OUTPUT_FIELDS) if key not in without}
 
 
 def engine_kwargs(settings: EngineSettings, cuda: bool, gpu_memory_utilization: float | None = None) -> dict:

@@ -63,6 +63,7 @@ class FidelitySettings:
     rows: int = 8  # rows measured per shard (0 = no check)
     min_top1: float = AUTO_MIN_TOP1_GREEDY
     basis: str = "greedy regenerated answers"  # why this bar (shown in errors and the summary)
+    recompute_rows: int = 2  # of those, rows recomputed by a plain forward (`recompute`; 0 = none)
 
     @classmethod
     def from_param(cls, param: dict | None) -> FidelitySettings:
@@ -281,6 +282,87 @@ def layer_stats(rows: Sequence, extracted: Sequence[int]) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- a plain forward of a few rows
+
+# Targets whose safetensors are at most this big are loaded in transformers (float32) for the
+# recompute; bigger ones are not (the record says so): their check is the head's agreement alone.
+RECOMPUTE_MAX_BYTES = 4 * 2**30
+# A stored layer farther than this (relative difference) from the plain forward's is not that layer.
+RECOMPUTE_TOLERANCE = 0.1
+
+
+def recompute(target_dir: str | Path, samples: Sequence[Sample], extracted: Sequence[int],
+              trust_remote_code: bool = False) -> dict:
+    """The rows of `samples` through a plain transformers forward of the target (float32): per
+    stored layer id, its largest relative difference ||stored - forward|| / ||forward|| over the
+    rows, and the forward layer the stored one is nearest to (on the GPU when there is one; vLLM id i = transformers'
+    hidden_states[i] for i < n; id n = the final norm's input). This needs no answers: it tells
+    an off-by-one last layer from the right one whoever wrote the dataset. A target over
+    RECOMPUTE_MAX_BYTES, or one transformers cannot load, is not recomputed: `skipped` says why."""
+    weights = sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
+    if weights > RECOMPUTE_MAX_BYTES:
+        return {"skipped": f"target weights {weights / 2**30:.1f} GiB > {RECOMPUTE_MAX_BYTES / 2**30:.0f} GiB: "
+                           "not loaded in transformers; the head's agreement is the check"}
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
+                                                     trust_remote_code=trust_remote_code).eval()
+    except Exception as error:  # noqa: BLE001 - an architecture transformers lacks: recorded, said
+        log.warning("fidelity recompute: transformers cannot load %s (%s): not recomputed", target_dir, error)
+        return {"skipped": f"transformers cannot load the target: {type(error).__name__}: {error}"}
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the extraction engine has stopped by now
+    model.to(device)
+    worst = {int(i): (0.0, int(i), 0.0) for i in extracted}
+    for s in samples:
+        layers = _forward_layers(model, list(s.token_ids))
+        stored = torch.as_tensor(s.hidden_states).to(device, torch.float32)
+        for j, layer in enumerate(worst):
+            diffs = [float((stored[:, j] - f).norm() / f.norm().clamp_min(1e-12)) for f in layers]
+            nearest = min(range(len(diffs)), key=diffs.__getitem__)
+            if diffs[layer] >= worst[layer][0]:
+                worst[layer] = (diffs[layer], nearest, diffs[nearest])
+    return {"rows": [int(s.row) for s in samples], "tolerance": RECOMPUTE_TOLERANCE,
+            "layers": [{"layer": layer, "relative_difference": round(d, 6), "nearest_forward_layer": near,
+                        "nearest_difference": round(near_d, 6)} for layer, (d, near, near_d) in worst.items()]}
+
+
+def _forward_layers(model, ids: list[int]) -> list:
+    """Every layer of one row as vLLM numbers them: [embeddings, layer 1, ..., layer n (pre-norm)]."""
+    import torch
+
+    captured = {}
+    norm = model.get_decoder().norm
+    hook = norm.register_forward_pre_hook(lambda module, args: captured.__setitem__("last", args[0][0]))
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([ids], device=model.device), output_hidden_states=True).hidden_states
+    finally:
+        hook.remove()
+    return [h[0] for h in out[:-1]] + [captured["last"]]
+
+
+def check_recompute(recomputed: dict | None, where: str) -> None:
+    """Raise FidelityError when a stored layer is not the plain forward's layer of its id: farther
+    from it than the tolerance, or clearly nearer another layer (under half the difference; adjacent
+    middle layers of a real model can differ by ~1%, less than the tolerance)."""
+    for layer in (recomputed or {}).get("layers", []):
+        nearer = (layer["nearest_forward_layer"] != layer["layer"]
+                  and layer["nearest_difference"] < 0.5 * layer["relative_difference"])
+        if layer["relative_difference"] > recomputed["tolerance"] or nearer:
+            raise FidelityError(
+                f"{where} (dataset rows {_rows(recomputed['rows'])}): hidden-state fidelity: the stored layer id "
+                f"{layer['layer']} differs from a plain transformers forward of the target by "
+                f"{layer['relative_difference']:.3g} (relative, over {recomputed['tolerance']}); it is nearest to "
+                f"the forward's layer {layer['nearest_forward_layer']}"
+                + (" (an off-by-one in the layer ids)" if abs(layer["nearest_forward_layer"] - layer["layer"]) == 1
+                   else "")
+                + ": the stored states are not the target's layer they are named for; check the extraction "
+                "(hidden_states.backend, its layer numbering, the vLLM or transformers version)"
+            )
+
+
 # ---------------------------------------------------------------- check
 
 
@@ -339,18 +421,29 @@ def record(measured: dict, settings: FidelitySettings) -> dict:
     return out
 
 
-def combine(records: Sequence[dict]) -> dict | None:
-    """One figure over several shards' records (token-weighted agreement), for the view."""
-    records = [r for r in records if r]
-    if not records:
+def combine(records: dict[str, dict | None]) -> dict | None:
+    """One figure over the shards' records {shard: record or None} (token-weighted agreement), for
+    the view. Every shard counts: one without a record (hidden_states.fidelity.rows 0 when it was
+    made, or a shard from before the check) is `unchecked` and named; each checked shard keeps its
+    own bar (`bars`); `min_top1` and `basis` are the shards' common ones (the highest bar and
+    "differs by shard" when they differ). None when no shard was checked."""
+    checked = {shard: r for shard, r in records.items() if r}
+    if not checked:
         return None
-    assistant = sum(r["assistant_tokens"] for r in records)
-    hits = sum((r["top1_assistant"] or 0) * r["assistant_tokens"] for r in records)
+    assistant = sum(r["assistant_tokens"] for r in checked.values())
+    hits = sum((r["top1_assistant"] or 0) * r["assistant_tokens"] for r in checked.values())
+    bars = {shard: r["min_top1"] for shard, r in checked.items()}
+    bases = {r["basis"] for r in checked.values()}
     return {
-        "rows": sum(len(r["rows"]) for r in records),
+        "rows": sum(len(r["rows"]) for r in checked.values()),
         "assistant_tokens": assistant,
         "top1_assistant": round(hits / assistant, 4) if assistant else None,
-        "lowest_shard_top1_assistant": min((r["top1_assistant"] for r in records if r["top1_assistant"] is not None), default=None),
-        "min_top1": records[0]["min_top1"],
-        "basis": records[0]["basis"],
+        "lowest_shard_top1_assistant": min((r["top1_assistant"] for r in checked.values()
+                                            if r["top1_assistant"] is not None), default=None),
+        "shards": len(records),
+        "checked_shards": len(checked),
+        "unchecked_shards": sorted(shard for shard in records if shard not in checked),
+        "bars": bars,
+        "min_top1": max(bars.values()),
+        "basis": bases.pop() if len(bases) == 1 else "differs by shard (see bars)",
     }

@@ -41,16 +41,17 @@ from draftline.stages.disk_estimate import (
 from draftline.stages.summary import SummarySettings
 from draftline.stages.target_model import TargetSpec, resolve_target, target_identity
 from draftline.stages.train.settings import HiddenStateSource
-from draftline.target_hashes import SharedHashCache, local_target_files
+from draftline.target_hashes import RUN_FILE, SharedHashCache, local_target_files
 
-HASH_CACHE = ".snakemake/draftline/hash_cache.json"
+HASH_CACHE = RUN_FILE
 PROMPTS_SUMMARY = "results/prompts/summary.json"
 TOKENIZED_SUMMARY = "results/tokenized/summary.json"
 TOKENIZED_DATASET = "results/tokenized/dataset"
 LAYER_IDS = "results/target/layer_ids.json"
 FINAL_CHECKPOINT = "results/checkpoint/final"
 # The rules that load the target in vLLM: each asks for one GPU per rank itself.
-VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate", "preflight_environment", "preflight_regenerate",
+VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline", "preflight_environment",
+              "preflight_regenerate",
               "preflight_hidden_states", "preflight_speculative")
 
 
@@ -64,6 +65,18 @@ CODE_TRIGGER_ON = (
     "loaded?): after a fresh clone every step reruns for its scripts' new mtimes. Add "
     "`--rerun-triggers mtime params input software-env` (profiles/default sets it)."
 )
+
+
+# Snakemake's commands that run no job (they read or clear its metadata): a refusal that is about
+# where jobs would run (the device, expert parallelism on CPU, a shape check) must not stop them,
+# so `./draftline snakemake --unlock` works in a run folder without the profile it was planned with.
+NO_JOB_FLAGS = ("--unlock", "--cleanup-metadata", "--cm", "--list-changes", "--lc", "--list-input-changes",
+                "--li", "--list-params-changes", "--lp", "--list-untracked", "--lu", "--cleanup-shadow")
+
+
+def no_job_command(argv: list[str]) -> str | None:
+    """The flag of a Snakemake command in `argv` that runs no job (NO_JOB_FLAGS), else None."""
+    return next((arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in NO_JOB_FLAGS), None)
 
 
 class PlanningError(ValueError):
@@ -127,22 +140,25 @@ def say(line: str) -> None:
 
 
 def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str | None, remote_exec: bool,
-         gpu_overrides: dict[str, int | str | None]) -> Plan:
+         gpu_overrides: dict[str, int | str | None], no_job: str | None = None) -> Plan:
     """The plan for `config` (validated, defaults filled), printing what a user sees before the first
     job. `gpu_overrides`: {rule: the `gpu` a profile or --set-resources sets, None when unset, the
-    text of an expression only the job knows}. Sets config["run_name"] and sorts the config's keys
-    in place: a dict param is compared by its repr, so reordering config.yaml never reruns a job."""
+    text of an expression only the job knows}. `no_job`: the flag of a command that runs no job
+    (no_job_command): the device's refusals are notes then, not stops. Sets config["run_name"] and
+    sorts the config's keys in place: a dict param is compared by its repr, so reordering
+    config.yaml never reruns a job."""
     workdir, repo = Path(workdir), Path(repo)
     sets = config["evaluate"]["prompt_sets"]  # `name: null` in a later config file leaves a set out
     config["evaluate"]["prompt_sets"] = {name: path for name, path in sets.items() if path is not None}
     check_relative_paths(config, workdir, repo)
     check_prompt_sources(config)
     target, identity = _resolve_target(config, workdir)
-    on_cluster = remote_exec or jobs_leave_this_machine(executor)
     try:
+        on_cluster = remote_exec or jobs_leave_this_machine(executor)
         device = cluster_device(config["device"], on_cluster, config["cpu_on_cluster"], executor)
     except PlanError as error:
-        raise PlanningError(str(error)) from None
+        _refuse(str(error), no_job)
+        device = "cpu" if config["device"] == "cpu" else "cuda"
     hs = config["hidden_states"]
     default_train_gpus = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
     train_gpus = gpu_overrides.get("train")
@@ -153,18 +169,28 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
     check_gpu_overrides(gpu_overrides, vllm_ranks)
     config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
+    # the target as the summary names it (SmolLM2-135M-Instruct, not "embedded"), for the report's
+    # title (report/workflow.rst reads only the config); the name it resolves to, so nothing changes
+    config["target"]["name"] = target.name
     for key in sorted(config):
         config[key] = sort_keys(config.pop(key))
     try:
         shape = target_shape(target.kind, target.config_folder)
-        check_config(config, shape, device)
     except ConfigError as error:
         raise PlanningError(str(error)) from None
+    try:
+        check_config(config, shape, device)
+    except ConfigError as error:
+        _refuse(str(error), no_job)
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
     try:  # the `vllm:` block, target.* and the resolved engine settings, once
         engine = engine_settings(config, resolved["engine"])
     except EngineSettingsError as error:
-        raise PlanningError(str(error)) from None
+        _refuse(str(error), no_job)  # a device refusal (a wrong engine_args key raises again below)
+        try:
+            engine = engine_settings(config, {**resolved["engine"], "device": None})
+        except EngineSettingsError as again:
+            raise PlanningError(str(again)) from None
     fidelity = fidelity_settings(config)
     the_plan = Plan(
         target=target, target_identity=identity,
@@ -181,10 +207,19 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         summary=SummarySettings(run_name=config["run_name"], target=target.name, device=device),
     )
     planned_rows = functools.cache(lambda: planned_training_rows(config, PROMPTS_SUMMARY))  # counted once
+    if no_job:
+        return the_plan  # no disk plan or sizing for a command that runs nothing
     hidden_state_disk_use(config, the_plan, planned_rows)
     if not remote_exec and not Path(FINAL_CHECKPOINT).exists():
         say(sizing_line(config, the_plan, planned_rows()))
     return the_plan
+
+
+def _refuse(message: str, no_job: str | None) -> None:
+    """Stop the plan with `message`, or for a command that runs no job say it and go on."""
+    if no_job is None:
+        raise PlanningError(message)
+    say(f"note: {message} (not a stop for {no_job}, which runs no job)")
 
 
 # ---------------------------------------------------------------- the config's files
@@ -300,7 +335,7 @@ def fidelity_settings(config: dict) -> FidelitySettings:
     bar, basis = resolve_min_top1(
         block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
     )
-    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis)
+    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis, recompute_rows=block["recompute_rows"])
 
 
 # ---------------------------------------------------------------- disk use and sizing

@@ -50,6 +50,13 @@ CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
 SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
 
+# What to plan by, beside the bound: each stage's recorded wall time over its bound's, for the
+# embedded default's fresh-clone run (benchmarks/results/default_acceptance.json, the longest job of
+# each stage; tests/test_presets.py recomputes them). Its conversations filled about a quarter of
+# tokenize.max_seq_len, most answers stopped before regenerate.max_new_tokens: data like it take
+# about this share of each bound; data that fill the lengths take the bound.
+EXPECTED_SHARE = {"regeneration": 0.17, "extraction": 0.27, "training": 0.1, "evaluation": 0.55}
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -259,14 +266,19 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
         "io_hours": {k: v / 3600 for k, v in io_s.items() if v},
         "filesystem_bytes_per_s": plan.filesystem_bytes_per_s,
+        "weights_bytes": shape.weights_bytes,
+        # each vLLM job's start: imports and the weights' load (the preflight's where it measured one)
+        "vllm_start_seconds": max(start_regeneration, start_extraction),
+        "vllm_start_measured": bool(measured) and any(f"{k}_load_seconds" in measured for k in ("regeneration", "extraction")),
         "basis": _basis(device, measured),
     }
 
 
 def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> float:
-    """One-device seconds of the evaluate job: the target alone and the trained draft on every
-    set, the untrained draft on the headline set only (draftline.stages.evaluate), every answer
-    at evaluate.max_new_tokens, each draft at its speculative-decoding rate."""
+    """One-device seconds of the evaluation (every evaluate_set job and evaluate_baseline
+    together): the target alone and the trained draft on every set, the untrained draft on the
+    headline set only (draftline.stages.evaluate), every answer at evaluate.max_new_tokens, each
+    draft at its speculative-decoding rate."""
     headline = plan.eval_prompts if plan.eval_headline_prompts is None else plan.eval_headline_prompts
     tokens = plan.eval_new_tokens
     return tokens * (plan.eval_prompts / decode + plan.eval_prompts / (decode * speedup["trained"])
@@ -459,10 +471,29 @@ def describe(est: dict) -> str:
         f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
         f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens{turns}; {unit} time per "
         f"stage{kind}: "
-        f"{stages}; total {_hours(sum(est['device_hours'].values()))}; hidden states <= "
-        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}. Upper bounds from the "
+        f"{stages}; total {_hours(sum(est['device_hours'].values()))} (a bound; {_expected(est)}); hidden states <= "
+        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}{_load(est)}. Upper bounds from the "
         f"configured lengths; {est['basis']} (docs/sizing.md)"
     )
+
+
+def _expected(est: dict) -> str:
+    """The figure to plan by: each stage's bound x the share of it the embedded default took."""
+    device = sum(v * EXPECTED_SHARE[k] for k, v in est["device_hours"].items())
+    wall = sum(v * EXPECTED_SHARE[k] for k, v in est["wall_hours"].items())
+    return (f"expected about {_hours(device)}, {_hours(wall)} wall, for data that fill the lengths as the "
+            "embedded default's do: EXPECTED_SHARE")
+
+
+def _load(est: dict) -> str:
+    """Each vLLM job's start: the weights' load at the filesystem's rate (or the local disk's)."""
+    start = est["vllm_start_seconds"]
+    if est["vllm_start_measured"]:
+        return f"; each vLLM job starts in {_hours(start / 3600)} (measured by the preflight)"
+    rate = est.get("filesystem_bytes_per_s") or LOAD_BYTES_PER_S
+    source = "sizing.filesystem_gb_per_s" if est.get("filesystem_bytes_per_s") else "LOAD_BYTES_PER_S"
+    return (f"; each vLLM job starts in {_hours(start / 3600)} (included above): the weights "
+            f"({_bytes(est['weights_bytes'])}) load at {rate / 1e9:g} GB/s ({source}), after {START_S:g} s of imports")
 
 
 def _io(est: dict) -> str:
@@ -470,8 +501,10 @@ def _io(est: dict) -> str:
     if not rate:
         return ""
     parts = ", ".join(f"{k} {_hours(v)}" for k, v in est["io_hours"].items())
-    return (f"; at {rate / 1e9:g} GB/s (sizing.filesystem_gb_per_s; set it to your filesystem's rate): weights loaded "
-            f"per vLLM job" + (f", hidden-state I/O {parts} (included above)" if parts else ""))
+    if not parts:
+        return ""
+    return (f"; at {rate / 1e9:g} GB/s (sizing.filesystem_gb_per_s; set it to your filesystem's rate): "
+            f"hidden-state I/O {parts} (included above)")
 
 
 def table(gpu: str = "H200", tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:

@@ -4,8 +4,11 @@ A source is a JSONL file, a `.json` list, a `.parquet` file, a `datasets.save_to
 or a hub dataset already in the local `datasets` cache (`hf:ORG/NAME[/CONFIG][:SPLIT]`, read
 offline), with rows in one of three shapes: OpenAI `messages` [{role, content}], ShareGPT `conversations`
 [{from, value}], or a plain `prompt` string (with optional `system`, `response`/`completion`).
-`normalize_row` turns each into `messages`; `conversation_id` hashes only the normalized
-messages, so one conversation has one id whatever its source or format. Read by the prompts
+Any of them may carry `tools` (OpenAI function schemas, or a JSON string of them), `tool`
+messages (ShareGPT: `observation`) and assistant `tool_calls` (ShareGPT: `function_call`), and an
+assistant turn's thinking (`reasoning_content`, `reasoning` or `thinking`).
+`normalize_conversation` turns each into `messages` (+ `tools`); `conversation_id` hashes only
+the normalized conversation, so one conversation has one id whatever its source or format. Read by the prompts
 stage (training data) and by evaluation (`evaluate.prompt_sets`); a new format is one reader
 here.
 """
@@ -32,6 +35,9 @@ ROLES = {
     "human": "user",
     "assistant": "assistant",
     "gpt": "assistant",
+    "tool": "tool",
+    "observation": "tool",  # ShareGPT's tool result
+    "function_call": "assistant",  # ShareGPT's tool call (its value is the call's JSON)
 }
 ROW_FIELDS = ("messages", "conversations", "prompt")
 # Files a datasets.save_to_disk folder holds (a DatasetDict has dataset_dict.json instead).
@@ -196,7 +202,7 @@ def _check_rows(raw: str, indexed: bool, head: list[RawRow], regenerate_enabled:
         try:
             if row.error:
                 raise row.error
-            normalize_row(row.value, regenerate_enabled)
+            normalize_conversation(row.value, regenerate_enabled)
         except BadRow as error:
             if on_bad_row == "stop":
                 raise row_error(raw, row.line, indexed, error) from None
@@ -575,8 +581,22 @@ def _get(mapping: dict, *keys: str) -> Any:
     return None
 
 
-def normalize_row(value: Any, regenerate_enabled: bool) -> list[dict[str, str]]:
-    """The row's validated messages as [{role, content}] with roles system/user/assistant."""
+@dataclass(frozen=True)
+class Conversation:
+    """A row as the prompts stage keeps it: its messages and the tools its calls may use."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+
+
+def normalize_row(value: Any, regenerate_enabled: bool) -> list[dict]:
+    """The row's validated messages (`normalize_conversation`, without the tools)."""
+    return normalize_conversation(value, regenerate_enabled).messages
+
+
+def normalize_conversation(value: Any, regenerate_enabled: bool) -> Conversation:
+    """The row's validated messages, roles system/user/assistant/tool (an assistant's `tool_calls`
+    and `reasoning_content`, a tool result's `tool_call_id` and `name` kept), and its `tools`."""
     if not isinstance(value, dict):
         raise BadRow(
             "not_an_object",
@@ -603,9 +623,11 @@ def normalize_row(value: Any, regenerate_enabled: bool) -> list[dict[str, str]]:
                 f"make `{kind}` a list of {{role, content}} objects",
             )
         labelled = [(f"{kind}[{i}]", turn) for i, turn in enumerate(turns)]
-    messages = [_normalize_turn(at, turn) for at, turn in labelled]
+    tools = _normalize_tools(value.get("tools"))
+    names = {t["function"]["name"] for t in tools} if tools else None
+    messages = [_normalize_turn(at, turn, names) for at, turn in labelled]
     _validate_order(kind, messages, regenerate_enabled)
-    return messages
+    return Conversation(messages, tools)
 
 
 def _prompt_turns(value: dict) -> list[tuple[str, dict]]:
@@ -621,7 +643,7 @@ def _prompt_turns(value: dict) -> list[tuple[str, dict]]:
     return turns
 
 
-def _normalize_turn(at: str, turn: Any) -> dict[str, str]:
+def _normalize_turn(at: str, turn: Any, tool_names: set[str] | None) -> dict:
     if not isinstance(turn, dict):
         raise BadRow(
             "bad_turn",
@@ -636,8 +658,36 @@ def _normalize_turn(at: str, turn: Any) -> dict[str, str]:
         raise BadRow(
             "unknown_role",
             f"{at} has unknown role {role!r}",
-            "use system, user or assistant (ShareGPT: system, human or gpt)",
+            "use system, user, assistant or tool (ShareGPT: system, human, gpt, function_call or observation)",
         )
+    if role.lower() == "function_call":  # ShareGPT's tool call: the value is the call's JSON
+        return {"role": "assistant", "content": "", "tool_calls": _tool_calls(at, [_json(at, content, "value")], tool_names)}
+    role = ROLES[role.lower()]
+    calls = _get(turn, "tool_calls") if role == "assistant" else None
+    calls = None if calls in ([], "", "[]") else calls  # OpenAI exports write [] for no calls
+    message = {"role": role, "content": _content(at, content, may_be_empty=calls is not None)}
+    if calls is not None:
+        message["tool_calls"] = _tool_calls(f"{at}.tool_calls", calls, tool_names)
+    if role == "assistant":
+        reasoning = _get(turn, "reasoning_content", "reasoning", "thinking")  # speculators and vLLM read these
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise BadRow("bad_content", f"{at} reasoning_content is a {type(reasoning).__name__}, not a string",
+                         "give the answer's thinking as plain text")
+        if reasoning and reasoning.strip():
+            message["reasoning_content"] = reasoning
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if _get(turn, key) is not None:
+                if not isinstance(turn[key], str):
+                    raise BadRow("bad_tool_result", f"{at}.{key} is a {type(turn[key]).__name__}, not a string",
+                                 f"give the tool result's {key} as a string, or leave it out")
+                message[key] = turn[key]
+    return message
+
+
+def _content(at: str, content: Any, may_be_empty: bool) -> str:
+    if content is None and may_be_empty:
+        return ""
     if content is None:
         raise BadRow("missing_content", f"{at} has no `content` (or `value`)", "give every turn its text")
     if not isinstance(content, str):
@@ -646,12 +696,95 @@ def _normalize_turn(at: str, turn: Any) -> dict[str, str]:
             f"{at} content is a {type(content).__name__}, not a string",
             "content must be plain text (multimodal parts are not supported)",
         )
-    if not content.strip():
+    if not content.strip() and not may_be_empty:
         raise BadRow("empty_content", f"{at} has empty content", "fill in the turn's text or remove the turn")
-    return {"role": ROLES[role.lower()], "content": content}
+    return content
 
 
-def _validate_order(kind: str, messages: list[dict[str, str]], regenerate_enabled: bool) -> None:
+def _json(at: str, value: Any, field_name: str) -> Any:
+    """A field that may hold JSON as a string (Hermes' `tools`, OpenAI's `arguments`), decoded."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value) if value.strip() else None
+    except json.JSONDecodeError as exc:
+        raise BadRow("bad_json_field", f"{at} {field_name} is a string that is not valid JSON ({exc.msg}, column "
+                     f"{exc.colno})", f"write {field_name} as JSON, or as the object itself") from None
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Without null-valued keys: Parquet and datasets fill a key absent from one schema with null."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+TOOLS_FIX = "give `tools` as a list of OpenAI function schemas [{type: function, function: {name, description, parameters}}]"
+
+
+def _normalize_tools(tools: Any) -> list[dict] | None:
+    """`tools` as OpenAI function schemas (a flat {name, parameters} is wrapped); None when absent."""
+    tools = _drop_nulls(_json("`tools`", tools, "`tools`"))
+    if tools in (None, [], {}):
+        return None
+    if not isinstance(tools, list):
+        raise BadRow("bad_tools", f"`tools` is a {type(tools).__name__}, not a list", TOOLS_FIX)
+    out, names = [], set()
+    for j, tool in enumerate(tools):
+        if isinstance(tool, dict) and "function" not in tool and "name" in tool:
+            tool = {"type": "function", "function": tool}
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type", "function") != "function":
+            raise BadRow("bad_tools", f"`tools[{j}]` is not a function schema", TOOLS_FIX)
+        name = function.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise BadRow("bad_tools", f"`tools[{j}].function.name` is missing", TOOLS_FIX)
+        if not isinstance(function.get("parameters", {}), dict):
+            raise BadRow("bad_tools", f"`tools[{j}].function.parameters` is not an object (a JSON schema)", TOOLS_FIX)
+        if name in names:
+            raise BadRow("bad_tools", f"`tools[{j}]` declares {name!r} a second time", "declare each function once")
+        names.add(name)
+        out.append({**tool, "type": "function"})
+    return out
+
+
+def _tool_calls(at: str, calls: Any, tool_names: set[str] | None) -> list[dict]:
+    """An assistant turn's calls as [{id?, type: function, function: {name, arguments: {...}}}]."""
+    calls = _drop_nulls(_json(at, calls, "tool_calls"))
+    if not isinstance(calls, list) or not calls:
+        raise BadRow("bad_tool_call", f"{at} is not a list of calls", "give tool_calls as [{id, type, function: "
+                     "{name, arguments}}], or leave it out")
+    out = []
+    for j, call in enumerate(calls):
+        where_ = f"{at}[{j}]" if at.endswith("tool_calls") else at
+        function = call.get("function", call) if isinstance(call, dict) else None  # flat {name, arguments} too
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            raise BadRow("bad_tool_call", f"{where_} has no function.name", "name the function each call calls")
+        arguments = _json(f"{where_}.function.arguments", function.get("arguments"), "the arguments")
+        if not isinstance(arguments, dict | None):
+            raise BadRow("bad_tool_call", f"{where_}.function.arguments is a {type(arguments).__name__}, not an object",
+                         "give a call's arguments as a JSON object")
+        if tool_names is None or name not in tool_names:
+            declared = f"its `tools` declare {sorted(tool_names)}" if tool_names else "it has no `tools`"
+            raise BadRow("unknown_tool", f"{where_} calls {name!r}, but {declared}",
+                         "give the row the `tools` its calls use, or correct the call's name")
+        entry = {"type": "function", "function": {"name": name, "arguments": arguments or {}}}
+        if isinstance(call, dict) and call.get("id") is not None:
+            entry = {"id": str(call["id"]), **entry}
+        out.append(entry)
+    return out
+
+
+TURN_ORDER = (
+    "after an optional system message, turns go user, assistant, user, ...; an assistant turn with "
+    "tool_calls is followed by one tool message per call, then the assistant again"
+)
+
+
+def _validate_order(kind: str, messages: list[dict], regenerate_enabled: bool) -> None:
     if not messages:
         raise BadRow("empty_conversation", f"`{kind}` is empty", "add at least one user turn or remove the row")
     roles = [m["role"] for m in messages]
@@ -664,30 +797,53 @@ def _validate_order(kind: str, messages: list[dict[str, str]], regenerate_enable
             )
     if "user" not in roles:
         raise BadRow("no_user_turn", "the conversation has no user turn", "add the user's prompt")
-    start = 1 if roles[0] == "system" else 0
-    for i in range(start, len(roles)):
-        expected = "user" if (i - start) % 2 == 0 else "assistant"
-        if roles[i] != expected:
+    expected, owed, caller = "user", 0, 0  # owed: tool results the last calls still wait for
+    for i in range(1 if roles[0] == "system" else 0, len(roles)):
+        role = roles[i]
+        if role == "tool" and not owed:
+            raise BadRow("tool_without_call", f"{kind}[{i}] is a tool result that answers no call ({TURN_ORDER})",
+                         "give the assistant turn before it its tool_calls, or remove the tool message")
+        if role != "tool" and owed:
+            raise BadRow("tool_results_missing", f"{kind}[{i}] is {role} while {owed} of the calls of {kind}[{caller}] "
+                         "have no tool result yet", "give every tool call its tool message, in the calls' order")
+        if role != expected and role != "tool":
             raise BadRow(
                 "not_alternating",
-                f"{kind}[{i}] is {roles[i]} where {expected} was expected "
-                "(after an optional system message, turns go user, assistant, user, ...)",
+                f"{kind}[{i}] is {role} where {expected} was expected ({TURN_ORDER})",
                 "merge consecutive turns of one role, or remove the extra turn",
             )
+        if role == "tool":
+            owed -= 1
+            expected = "assistant"
+        elif role == "assistant" and messages[i].get("tool_calls"):
+            owed, caller, expected = len(messages[i]["tool_calls"]), i, "tool"
+        else:
+            expected = "assistant" if role == "user" else "user"
+    if owed and roles[-1] == "tool":
+        raise BadRow("tool_results_missing", f"{owed} of the calls of {kind}[{caller}] have no tool result",
+                     "give every tool call its tool message, in the calls' order")
     if not regenerate_enabled and roles[-1] != "assistant":
         raise BadRow(
             "no_final_assistant",
-            "the conversation ends with a user turn and regenerate.enabled is false, so there "
+            f"the conversation ends with a {roles[-1]} turn and regenerate.enabled is false, so there "
             "is no answer to train on",
             "add the assistant's answer, or set regenerate.enabled: true to have the target answer",
         )
 
 
-def conversation_id(messages: list[dict[str, str]]) -> str:
-    """A short, stable hash of the normalized messages (independent of source and format)."""
-    canonical = json.dumps(
-        [[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":")
-    )
+# The message fields beyond role and content that enter a conversation's id.
+_ID_FIELDS = ("reasoning_content", "tool_calls", "tool_call_id", "name")
+
+
+def conversation_id(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """A short, stable hash of the normalized messages and tools (independent of source and
+    format; a row of plain text turns hashes as it always has)."""
+    turns = []
+    for m in messages:
+        extra = {k: m[k] for k in _ID_FIELDS if m.get(k) is not None}
+        turns.append([m["role"], m["content"], extra] if extra else [m["role"], m["content"]])
+    payload = {"messages": turns, "tools": tools} if tools else turns
+    canonical = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
@@ -713,10 +869,10 @@ def read_first_turns(raw: str) -> list[tuple[str, list[dict[str, str]]]]:
         try:
             if row.error:
                 raise row.error
-            messages = normalize_row(row.value, regenerate_enabled=True)
+            conversation = normalize_conversation(row.value, regenerate_enabled=True)
         except BadRow as bad:
             raise row_error(raw, row.line, indexed, bad) from None
-        row_id = conversation_id(messages)
+        messages, row_id = conversation.messages, conversation_id(conversation.messages, conversation.tools)
         if row_id in seen:
             continue
         seen.add(row_id)

@@ -33,6 +33,7 @@ from pathlib import Path
 from draftline.content_hash import _ALWAYS_READ, HashCache
 
 SHARED_FILE = "target_hashes.json"
+RUN_FILE = ".snakemake/draftline/hash_cache.json"  # relative to the run folder (a job's working folder)
 # Above this many bytes still to hash, the plan says so and reports progress.
 PROGRESS_MIN_BYTES = 1 << 30
 PROGRESS_EVERY_S = 15.0
@@ -193,3 +194,9 @@ def local_target_files(spec, root: str | Path) -> tuple[Path, list[Path]] | None
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     ]
     return folder, files
+
+
+def job_cache() -> SharedHashCache:
+    """The cache a job reads the plan's hashes from: the run folder's (a job runs in it; a cluster
+    node finds it on the shared filesystem) and the user's; outside a run folder the user's only."""
+    return SharedHashCache(RUN_FILE if Path(".snakemake").is_dir() else None)

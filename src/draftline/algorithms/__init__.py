@@ -28,6 +28,9 @@ from draftline.config_schema import default
 ALGORITHMS = {
     "eagle3": "draftline.algorithms.eagle3",
     "dflash": "draftline.algorithms.dflash",
+    "dflash2": "draftline.algorithms.dflash2",
+    "dspark": "draftline.algorithms.dspark",
+    "peagle": "draftline.algorithms.peagle",
 }
 
 
@@ -81,6 +84,8 @@ class FusedAuxDraft:
     name: str
     vllm_method: str
     aux_key: str  # the config.json key listing the aux layer ids
+    # why vLLM cannot serve this draft without a GPU (None: it can), said before an engine loads
+    not_served_on_cpu: str | None = None
 
     def config_facts(self, config: dict) -> ConfigFacts:
         tl = config["transformer_layer_config"]

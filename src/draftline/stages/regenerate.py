@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import re
@@ -60,7 +61,7 @@ from draftline.shards import ShardJob
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # Left free after each answer for the end-of-turn tokens the template appends, so the rendered
 # conversation still fits tokenize.max_seq_len and tokenization cuts nothing the target wrote.
 END_OF_TURN_ROOM = 8
@@ -68,6 +69,7 @@ END_OF_TURN_ROOM = 8
 COUNTERS = (
     "rows_in", "rows_out", "turns_generated", "answers_truncated", "answers_capped_by_context",
     "rows_skipped_prompt_too_long", "rows_shortened_prompt_too_long", "generated_tokens", "prompt_tokens",
+    "tool_calls_generated", "tool_results_spliced", "rows_shortened_tool_results",
 )
 SHARD_CONVERSATIONS = "conversations.jsonl"  # in each shard folder, beside
 SHARD_SUMMARY = "summary.json"
@@ -84,53 +86,166 @@ class RegenerateSettings(EngineSettings):
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)
+    # vLLM's tool parser (its --tool-call-parser) reading the target's calls in rows with tools
+    tool_call_parser: str = default("regenerate", "tool_call_parser")
     chunk_conversations: int = default("regenerate", "chunk_conversations")  # not an answer setting
+
+
+@dataclass(frozen=True)
+class _Result:
+    """A tool result of the data: its message, and the call it answered there (id, function)."""
+
+    message: dict
+    call_id: str | None
+    function: str | None
 
 
 @dataclass
 class _Conversation:
+    """One row being answered: its system and user turns, the data's tool results of each user
+    turn (spliced back after the target's own calls), and the transcript so far."""
+
     id: str
     row: dict
     system: list[dict]
     users: list[str]
-    answers: list[dict] = field(default_factory=list)
-    stopped_at: int | None = None  # turn index whose prompt no longer fit the context
+    results: list[list[_Result]] = field(default_factory=list)  # per user turn
+    transcript: list[dict] = field(default_factory=list)  # what the target is asked next
+    turn: int = 0  # the user turn being answered
+    spliced: int = 0  # results of this turn given back so far
+    generations: int = 0  # answers and calls so far (the request seed's counter)
+    stopped_at: int | None = None  # user turn whose prompt no longer fit the context
+    done: bool = False
 
-    def context(self, turn: int) -> list[dict]:
-        messages = list(self.system)
-        for i in range(turn):
-            messages += [{"role": "user", "content": self.users[i]}, {"role": "assistant", "content": self.answers[i]["content"]}]
-        messages.append({"role": "user", "content": self.users[turn]})
-        return messages
+    def __post_init__(self):
+        self.results = self.results or [[] for _ in self.users]
+        self.transcript = [*self.system, {"role": "user", "content": self.users[0]}]
+
+    @property
+    def tools(self) -> list[dict] | None:
+        return self.row.get("tools")
+
+    def answered(self, answer: dict) -> None:
+        """A final answer: the turn is done, the next user turn (if any) is asked."""
+        self.transcript.append(answer)
+        self.turn, self.spliced = self.turn + 1, 0
+        if self.turn == len(self.users):
+            self.done = True
+        else:
+            self.transcript.append({"role": "user", "content": self.users[self.turn]})
+
+    def splice(self, calls: list[dict]) -> bool:
+        """The data's next results of this turn after the target's `calls`, one per call, when
+        there are enough and each answers the function called (speculators' guard); else the
+        conversation ends at the calls (False)."""
+        results = self.results[self.turn][self.spliced : self.spliced + len(calls)]
+        if len(results) < len(calls) or any(
+            r.function and r.function != c["function"]["name"] for r, c in zip(results, calls, strict=True)
+        ):
+            self.done = True
+            return False
+        for result, call in zip(results, calls, strict=True):
+            self.transcript.append({**result.message, **({"tool_call_id": call["id"]} if "id" in call else {})})
+        self.spliced += len(calls)
+        return True
+
+    def call_id(self, j: int) -> str:
+        """The id of the target's j-th call of this turn: the data's call's there, else a stable one."""
+        at = self.spliced + j
+        results = self.results[self.turn]
+        return (results[at].call_id if at < len(results) else None) or f"call_{self.turn}_{at}"
 
     def messages(self) -> list[dict]:
-        messages = list(self.system)
-        for user, answer in zip(self.users, self.answers, strict=False):
-            messages += [{"role": "user", "content": user}, answer]
-        return messages
+        """What was answered: the transcript without a trailing prompt left unanswered."""
+        out = list(self.transcript)
+        while out and out[-1]["role"] != "assistant":
+            out.pop()
+        return out
 
 
 def parse_conversation(row: Any, where: str) -> _Conversation:
-    """Split a prompts-stage row into system / user turns; the dataset's answers are dropped."""
+    """Split a prompts-stage row into system / user turns and each turn's tool results; the
+    dataset's answers (and its tool calls) are dropped."""
     if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(row.get("messages"), list):
         raise ValueError(f"{where}: expected an object with a string 'id' and a list 'messages' (the prompts stage's format)")
     rid, messages = row["id"], row["messages"]
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where} (id {rid!r}): messages[{k}] must be {{'role': system|user|assistant, 'content': str}}")
+            raise ValueError(f"{where} (id {rid!r}): messages[{k}] must be {{'role': system|user|assistant|tool, 'content': str}}")
     system = [{"role": "system", "content": messages[0]["content"]}] if messages and messages[0]["role"] == "system" else []
-    rest = messages[len(system) :]
-    for k, m in enumerate(rest):
-        expected = "user" if k % 2 == 0 else "assistant"
-        if m["role"] != expected:
+    users, results, calls, expected = [], [], [], ("user",)
+    for k, m in enumerate(messages[len(system) :], start=len(system)):
+        if m["role"] not in expected:
             raise ValueError(
-                f"{where} (id {rid!r}): messages[{k + len(system)}] has role {m['role']!r}, expected {expected!r} "
-                "(system first if present, then alternating user/assistant)"
+                f"{where} (id {rid!r}): messages[{k}] has role {m['role']!r}, expected {' or '.join(map(repr, expected))} "
+                "(system first if present, then alternating user/assistant; tool results after an assistant's tool calls)"
             )
-    users = [m["content"] for m in rest[0::2]]
+        if m["role"] == "user":
+            users.append(m["content"])
+            results.append([])
+            expected = ("assistant",)
+        elif m["role"] == "assistant":
+            calls = list(m.get("tool_calls") or [])
+            expected = ("tool",) if calls else ("user",)
+        else:
+            call = calls.pop(0)
+            message = {key: m[key] for key in ("role", "content", "tool_call_id", "name") if key in m}
+            results[-1].append(_Result(message, call.get("id"), m.get("name") or call["function"]["name"]))
+            expected = ("tool",) if calls else ("assistant",)
     if not users:
         raise ValueError(f"{where} (id {rid!r}): no user turn to answer")
-    return _Conversation(id=rid, row=row, system=system, users=users)
+    return _Conversation(id=rid, row=row, system=system, users=users, results=results)
+
+
+class ToolCalls:
+    """The target's tool calls read from its answer with vLLM's own tool parser
+    (`regenerate.tool_call_parser`, vLLM's `--tool-call-parser`), as its chat API reads them;
+    built when a row with tools is first answered."""
+
+    def __init__(self, parser: str, tokenizer):
+        self.name, self.tokenizer, self._parser, self._requests = parser, tokenizer, None, {}
+
+    def parser(self):
+        if self._parser is None:
+            from vllm.tool_parsers import ToolParserManager
+
+            try:
+                self._parser = ToolParserManager.get_tool_parser(self.name)(self.tokenizer)
+            except KeyError:
+                raise ValueError(
+                    f"regenerate.tool_call_parser is {self.name!r}, not one of vLLM's tool parsers "
+                    f"({', '.join(ToolParserManager.list_registered())}); set the one the target is served with"
+                ) from None
+        return self._parser
+
+    def request(self, tools: list[dict]):
+        """The chat request vLLM's server would build for these tools, as the parser adjusts it."""
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._requests:
+            from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+            self._requests[key] = self.parser().adjust_request(ChatCompletionRequest(messages=[], tools=tools))
+        return self._requests[key]
+
+    def sampling(self, tools: list[dict] | None) -> dict:
+        """SamplingParams the parser needs (e.g. special tokens kept: some targets' call tags are special)."""
+        return {"skip_special_tokens": self.request(tools).skip_special_tokens} if tools else {}
+
+    def parse(self, text: str, tools: list[dict]) -> tuple[str, list[dict]] | None:
+        """(content, calls) of an answer that calls tools, None for a plain answer."""
+        info = self.parser().extract_tool_calls(text, self.request(tools))
+        if not info.tools_called or not info.tool_calls:
+            return None
+        calls = []
+        for call in info.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+            except json.JSONDecodeError:
+                return None  # not a call a template can render back: kept as the text it is
+            if not isinstance(arguments, dict):
+                return None
+            calls.append({"type": "function", "function": {"name": call.function.name, "arguments": arguments}})
+        return info.content or "", calls
 
 
 def read_conversations(path: str | Path) -> list[_Conversation]:
@@ -153,10 +268,11 @@ class _LogProgress(tqdm):
         return True
 
 
-def _prompt_len(tokenizer, messages: list[dict], chat_template: str | None, template_kwargs: dict | None = None) -> int:
+def _prompt_len(tokenizer, messages: list[dict], chat_template: str | None, template_kwargs: dict | None = None,
+                tools: list[dict] | None = None) -> int:
     # Rendered to text then tokenized without special tokens, as vLLM's chat() does.
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=chat_template,
-                                         **(template_kwargs or {}))
+                                         tools=tools, **(template_kwargs or {}))
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -175,7 +291,7 @@ def _sum_stats(stats: Iterable[dict[str, int]]) -> dict[str, int]:
     total = dict.fromkeys(COUNTERS, 0)
     for s in stats:
         for k in COUNTERS:
-            total[k] += s[k]
+            total[k] += s.get(k, 0)
     return total
 
 
@@ -183,70 +299,104 @@ def answer_conversations(
     llm, conversations: Sequence[_Conversation], indices: Sequence[int], settings: RegenerateSettings,
     chat_template: str | None = None,
 ) -> list[Answered]:
-    """Answer every user turn of `conversations` (at `indices` of the prompts file) with `llm`.
+    """Answer every user turn of `conversations` (at `indices` of the prompts file) with `llm`,
+    in rounds: each round asks every unfinished conversation its next answer in one `LLM.chat`
+    call (one per tool set: vLLM renders a call's tools into all its prompts).
 
-    A turn whose prompt leaves no room to answer within max_model_len ends its conversation
-    there (turns before it are kept); a conversation whose first prompt does not fit is left out
-    (row None). Both are counted. An answer cut at the token limit is kept and marked
-    `"truncated": true`.
+    In a row with tools the target's calls are read with vLLM's tool parser and the data's
+    results of that turn given back in order, and the target answers again; a call with no result
+    left, or for another function than the data's result answers, ends the conversation there.
+    A prompt that leaves no room to answer within max_model_len ends its conversation there
+    (what came before is kept); a conversation with no answer at all is left out (row None).
+    Both are counted. An answer cut at the token limit is kept and marked `"truncated": true`.
     """
-    from vllm import SamplingParams
-
     tokenizer = llm.get_tokenizer()
+    calls = ToolCalls(settings.tool_call_parser, tokenizer)
     stats = [{**dict.fromkeys(COUNTERS, 0), "rows_in": 1} for _ in conversations]
-    max_turns = max((len(c.users) for c in conversations), default=0)
-    for turn in range(max_turns):
-        batch, prompts, params = [], [], []
-        for k, conv in enumerate(conversations):
-            if conv.stopped_at is not None or turn >= len(conv.users):
-                continue
-            messages = conv.context(turn)
-            prompt_len = _prompt_len(tokenizer, messages, chat_template, settings.chat_template_kwargs)
-            room = settings.max_model_len - prompt_len - END_OF_TURN_ROOM
-            if room < 1:
-                conv.stopped_at = turn
-                continue
-            batch.append(k)
-            prompts.append(messages)
-            params.append(
-                SamplingParams(
-                    max_tokens=min(settings.max_new_tokens, room),
-                    temperature=settings.temperature,
-                    top_p=settings.top_p,
-                    # per request, from the conversation's place in the prompts file: an answer
-                    # depends neither on the batch nor on the shard or chunk it lands in
-                    seed=settings.seed + 1000 * indices[k] + turn,
-                )
-            )
-        if not batch:
+    for round_ in itertools.count(1):
+        requests = _requests(conversations, indices, settings, tokenizer, chat_template, calls)
+        if not requests:
             break
-        log.info("turn %d: answering %d conversations", turn + 1, len(batch))
-        outputs = llm.chat(prompts, params, use_tqdm=_LogProgress, chat_template=chat_template,
-                           chat_template_kwargs=settings.chat_template_kwargs or None)
-        for k, param, output in zip(batch, params, outputs, strict=True):
-            completion, s = output.outputs[0], stats[k]
-            answer = {"role": "assistant", "content": completion.text}
-            if completion.finish_reason == "length":
-                answer["truncated"] = True
-                s["answers_truncated"] += 1
-                s["answers_capped_by_context"] += param.max_tokens < settings.max_new_tokens
-            conversations[k].answers.append(answer)
-            s["turns_generated"] += 1
-            s["generated_tokens"] += len(completion.token_ids)
-            s["prompt_tokens"] += len(output.prompt_token_ids or [])
+        log.info("round %d: answering %d conversations", round_, len(requests))
+        by_tools: dict[str, list] = {}
+        for request in requests:
+            by_tools.setdefault(json.dumps(conversations[request[0]].tools, sort_keys=True), []).append(request)
+        for group in by_tools.values():
+            tools = conversations[group[0][0]].tools
+            outputs = llm.chat([m for _, m, _ in group], [p for _, _, p in group], use_tqdm=_LogProgress,
+                               chat_template=chat_template, chat_template_kwargs=settings.chat_template_kwargs or None,
+                               **({"tools": tools} if tools else {}))
+            for (k, _, param), output in zip(group, outputs, strict=True):
+                _take(conversations[k], output, stats[k], param.max_tokens < settings.max_new_tokens, calls)
 
     answered = []
     for k, conv in enumerate(conversations):
         s, row = stats[k], None
-        if conv.stopped_at == 0:
+        messages = conv.messages()
+        if not messages:
             s["rows_skipped_prompt_too_long"] = 1
             log.warning("id %r left out: its first prompt does not fit max_model_len=%d", conv.id, settings.max_model_len)
         else:
             s["rows_shortened_prompt_too_long"] = int(conv.stopped_at is not None)
             s["rows_out"] = 1
-            row = {**conv.row, "messages": conv.messages()}
+            row = {**conv.row, "messages": messages}
         answered.append(Answered(indices[k], conv.id, row, s))
     return answered
+
+
+def _requests(conversations, indices, settings: RegenerateSettings, tokenizer, chat_template, calls: ToolCalls) -> list:
+    """(conversation, messages, SamplingParams) of every conversation that waits for an answer
+    and has room for one; one that has none stops there."""
+    from vllm import SamplingParams
+
+    out = []
+    for k, conv in enumerate(conversations):
+        if conv.done:
+            continue
+        messages = conversation_file.template_messages(conv.transcript)
+        prompt_len = _prompt_len(tokenizer, messages, chat_template, settings.chat_template_kwargs, conv.tools)
+        room = settings.max_model_len - prompt_len - END_OF_TURN_ROOM
+        if room < 1:
+            conv.stopped_at, conv.done = conv.turn, True
+            continue
+        params = SamplingParams(
+            max_tokens=min(settings.max_new_tokens, room),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            # per request, from the conversation's place in the prompts file: an answer
+            # depends neither on the batch nor on the shard or chunk it lands in
+            seed=settings.seed + 1000 * indices[k] + conv.generations,
+            **calls.sampling(conv.tools),
+        )
+        out.append((k, messages, params))
+    return out
+
+
+def _take(conv: _Conversation, output, s: dict, capped: bool, calls: ToolCalls) -> None:
+    """One answer into its conversation: a call (results spliced back) or the turn's answer."""
+    completion = output.outputs[0]
+    truncated = completion.finish_reason == "length"
+    conv.generations += 1
+    s["turns_generated"] += 1
+    s["generated_tokens"] += len(completion.token_ids)
+    s["prompt_tokens"] += len(output.prompt_token_ids or [])
+    called = calls.parse(completion.text, conv.tools) if conv.tools and not truncated else None
+    if called:
+        content, made = called
+        made = [{"id": conv.call_id(j), **call} for j, call in enumerate(made)]
+        conv.transcript.append({"role": "assistant", "content": content, "tool_calls": made})
+        s["tool_calls_generated"] += len(made)
+        if conv.splice(made):
+            s["tool_results_spliced"] += len(made)
+        else:
+            s["rows_shortened_tool_results"] += 1
+        return
+    answer = {"role": "assistant", "content": completion.text}
+    if truncated:
+        answer["truncated"] = True
+        s["answers_truncated"] += 1
+        s["answers_capped_by_context"] += capped
+    conv.answered(answer)
 
 
 class _Progress:

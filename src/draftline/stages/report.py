@@ -80,6 +80,9 @@ def plot_loss(final_dir: str | Path, out: str | Path) -> dict:
 # ---------------------------------------------------------------- evaluation
 
 
+ACCEPTANCE_COLUMNS = 2
+
+
 def plot_acceptance(acceptance_json: str | Path, out: str | Path) -> dict:
     """Acceptance per position for each draft, one panel per prompt set (the headline set first)."""
     result = _read_json(acceptance_json)
@@ -87,8 +90,13 @@ def plot_acceptance(acceptance_json: str | Path, out: str | Path) -> dict:
     sets = result.get("sets") or {"held-out": {"prompts": result["prompts"], "drafts": result["drafts"]}}
     headline = result.get("headline_set")
     names = sorted(sets, key=lambda name: (name != headline, name != "validation", name))
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False, sharey=True)
-    for ax, name in zip(axes[0], names, strict=True):
+    # at most ACCEPTANCE_COLUMNS panels a row: six in one row are unreadable in the report viewer
+    cols = min(len(names), ACCEPTANCE_COLUMNS)
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names, strict=False):
         drafts = sets[name]["drafts"]
         width = 0.8 / max(len(drafts), 1)
         for i, (draft, numbers) in enumerate(drafts.items()):
@@ -105,7 +113,8 @@ def plot_acceptance(acceptance_json: str | Path, out: str | Path) -> dict:
         role = " (report)" if name == headline else " (choose settings)" if name == "validation" else ""
         ax.set_title(f"{name}{role}: {sets[name]['prompts']} prompts", fontsize=10)
         ax.legend(fontsize=8, title="mean acceptance length [95% bootstrap]", title_fontsize=7)
-    axes[0][0].set_ylabel("accepted / drafts")
+    for row in axes:
+        row[0].set_ylabel("accepted / drafts")
     fig.suptitle(f"Acceptance per position, k = {k}")
     _save(fig, out)
     return {name: sets[name]["drafts"] for name in names}
@@ -139,7 +148,8 @@ def plot_vocab_coverage(token_freq_path: str | Path, vocab_summary: str | Path, 
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft vocabulary size (tokens)")
     ax.set_ylabel("share of assistant tokens")
-    ax.set_title(f"Draft-vocab coverage ({summary['assistant_tokens']:,} assistant tokens, target vocab {summary['target_vocab_size']:,})")
+    ax.set_title(f"Draft-vocab coverage\n{summary['assistant_tokens']:,} assistant tokens, target vocab "
+                 f"{summary['target_vocab_size']:,}", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     _save(fig, out)
     return summary

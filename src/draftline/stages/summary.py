@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from draftline import algorithms
 from draftline.artifacts.benchmarks import read_benchmarks
 from draftline.artifacts.checkpoint import chosen_epoch
 from draftline.atomic import atomic_file
@@ -151,6 +152,10 @@ def build_summary(
     }
     if regenerated:
         data["generated_tokens"] = regenerated.get("generated_tokens")
+    if tokenized.get("reasoning_tokens"):  # answers that think: their thinking and the rest, apart
+        trained = "trained" if tokenized.get("reasoning") == "train" else "left out of the loss"
+        data[f"reasoning_tokens ({trained}, tokenize.reasoning: {tokenized.get('reasoning')})"] = tokenized["reasoning_tokens"]
+        data["answer_tokens (besides the reasoning)"] = tokenized.get("answer_tokens")
     sources = _sources(prompts, warnings)
     truncation = _truncation(results, regenerated, tokenized, warnings)
     training = _training(provenance, warnings)
@@ -239,6 +244,8 @@ def _training(provenance: dict, warnings: list[str]) -> dict:
         "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
         # samples the Trainer skipped without hidden states (online: the server gave none)
         "skipped_samples": provenance.get("skipped_samples"),
+        # samples speculators' sampler cut at train.total_seq_len or left out of an epoch
+        "dropped_samples": provenance.get("dropped_samples"),
     }
     skipped = training["skipped_samples"] or {}
     if skipped.get("total"):
@@ -375,6 +382,7 @@ def to_markdown(summary: dict) -> str:
                 f"| conversations cut at max_seq_len | {truncation['conversations_cut_at_max_seq_len']} "
                 f"({_share(truncation['conversations_cut_share'])}) |"
             )
+    lines += _dropped_rows(summary["training"])
     if summary.get("sources"):
         lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
                   "|---|---|---|---|---|---|"]
@@ -394,8 +402,69 @@ def to_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _dropped_rows(training: dict) -> list[str]:
+    """The Data table's rows for what speculators' sampler cut or left out (train/sampling.py)."""
+    dropped = (training or {}).get("dropped_samples")
+    if not dropped:
+        return []
+    train, val = dropped["training"], dropped["validation"]
+    return [
+        f"| samples cut at train.total_seq_len ({dropped['total_seq_len']}) | {train['truncated']} of "
+        f"{train['samples']} training ({train['truncated_tokens']} tokens never trained on), {val['truncated']} of "
+        f"{val['samples']} validation |",
+        f"| samples left out per epoch ({dropped['world_size']} training process(es)) | training "
+        f"{train['left_over_per_epoch']}, validation {val['left_over_per_epoch']} |",
+    ]
+
+
 def _share(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
+
+
+def headline(summary: dict) -> str | None:
+    """The headline set's mean acceptance length, trained vs untrained, as one line (None before
+    evaluation)."""
+    rows = [r for r in summary.get("acceptance") or [] if r.get("headline")]
+    by_draft = {r["draft"]: r for r in rows}
+    trained = by_draft.get("trained")
+    if not trained or trained.get("mean_acceptance_length") is None:
+        return None
+    interval = trained.get("interval_95")
+    text = (f"the {trained['set']} set ({trained.get('prompts')} prompts, k = {summary.get('num_speculative_tokens')}): "
+            f"mean acceptance length {trained['mean_acceptance_length']:.2f}"
+            + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""))
+    untrained = (by_draft.get("untrained") or {}).get("mean_acceptance_length")
+    return text + (f" with the trained draft, {untrained:.2f} untrained" if untrained is not None else "")
+
+
+def end_of_run_lines(results: str | Path, serve_target: str) -> list[str]:
+    """What a finished run prints last (rules/common.smk, onsuccess): where the draft is, the
+    headline of results/summary.json when it was written after the draft, and the next command.
+    `serve_target`: the target as vLLM is given it (a hub id or the folder the jobs read)."""
+    results = Path(results)
+    final = results / "checkpoint/final"
+    provenance = _json(final / "draftline_provenance.json")
+    if provenance is None:
+        return []
+    epoch, epochs = chosen_epoch(provenance), provenance.get("epochs")
+    draft = _json(final / "config.json") or {}
+    method = draft.get("speculators_model_type", "eagle3")
+    lines = [f"the draft is in {final}/ (epoch {epoch} of {epochs}, {method})"]
+    summary_json = results / "summary.json"
+    summary = _json(summary_json)
+    fresh = summary is not None and summary_json.stat().st_mtime >= (final / "draftline_provenance.json").stat().st_mtime
+    top = headline(summary) if fresh else None
+    if top is None:
+        lines.append("next: ./draftline snakemake --cores all (evaluation, the report's plots and "
+                     f"{results}/summary.md)")
+        return lines
+    # vLLM's method is the algorithm's, not always its speculators name (peagle: eagle3 + parallel_drafting)
+    serving = algorithms.get(method).speculative_config(final, summary.get("num_speculative_tokens"))
+    config = json.dumps(serving)
+    lines.append(f"{top} ({results}/summary.md)")
+    lines.append(f"next: vllm serve {serve_target} --speculative-config '{config}'; the plots: "
+                 "./draftline snakemake --report report.html")
+    return lines
 
 
 def write_summary(summary: dict, markdown: str | Path, json_path: str | Path) -> None:

@@ -36,6 +36,12 @@ class TemplateError(ValueError):
 class Tokenized:
     input_ids: list[int]
     loss_mask: list[int]
+    # 1 where an assistant turn's token is its thinking (THINK_OPEN ... THINK_CLOSE): trained in
+    # loss_mask like the rest of the turn; tokenize.reasoning: exclude takes it out (`apply_reasoning`)
+    reasoning: list[int] = field(default_factory=list)
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def stop_token_ids(target_dir: str | Path, tokenizer) -> set[int]:
@@ -63,11 +69,11 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
 def _render(tokenizer, messages: list[dict], chat_template: str | None, add_generation_prompt: bool,
             template_kwargs: dict | None = None) -> str:
     return tokenizer.apply_chat_template(
-        [{"role": m["role"], "content": m["content"]} for m in messages],
+        conversation_file.template_messages(messages),  # tool calls and thinking as vLLM's chat() passes them
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
-        **(template_kwargs or {}),  # target.chat_template_kwargs, as vLLM's chat() gets them
+        **(template_kwargs or {}),  # target.chat_template_kwargs (and the row's tools), as vLLM's chat() gets them
     )
 
 
@@ -78,20 +84,25 @@ def tokenize_conversation(
     chat_template: str | None = None,
     row_id: str = "?",
     template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> Tokenized:
-    """Token ids of the whole conversation and its assistant-only loss mask (1 = trained);
-    `template_kwargs` are the template's variables (target.chat_template_kwargs)."""
+    """Token ids of the whole conversation, its assistant-only loss mask (1 = trained: each
+    assistant turn, its thinking and tool-call text included; never a tool result) and where the
+    thinking is; `template_kwargs` are the template's variables (target.chat_template_kwargs),
+    `tools` the row's function schemas, rendered as vLLM's chat API renders them."""
     # A trailing prompt without an answer has nothing to train: render up to the last answer.
     answered = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not answered:
         return Tokenized([], [])
     messages = messages[: answered[-1] + 1]
+    template_kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     full_ids, _ = _encode(tokenizer, _render(tokenizer, messages, chat_template, False, template_kwargs))
-    mask = [0] * len(full_ids)
+    mask, reasoning = [0] * len(full_ids), [0] * len(full_ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt_ids, _ = _encode(tokenizer, _render(tokenizer, messages[:i], chat_template, True, template_kwargs))
+        prompt_text = _render(tokenizer, messages[:i], chat_template, True, template_kwargs)
+        prompt_ids, _ = _encode(tokenizer, prompt_text)
         turn_text = _render(tokenizer, messages[: i + 1], chat_template, False, template_kwargs)
         turn_ids, offsets = _encode(tokenizer, turn_text)
         if turn_ids[: len(prompt_ids)] != prompt_ids or full_ids[: len(turn_ids)] != turn_ids:
@@ -99,37 +110,70 @@ def tokenize_conversation(
                 f"row {row_id!r}, assistant message {i}: the chat template is not prefix-stable (rendering the "
                 "conversation up to this answer does not tokenize to a prefix of the whole conversation), so "
                 "the answer's tokens cannot be located. Set target.chat_template to a template that renders "
-                "earlier turns the same way whatever follows them."
+                "earlier turns the same way whatever follows them (one that drops earlier turns' thinking, "
+                "as Qwen3's does, is not)."
             )
         start, end = len(prompt_ids), len(turn_ids)
         content_end = _content_end_token(turn_text, offsets, start, end, message["content"])
         if message.get("truncated"):
             stop = content_end  # the template's end-of-turn was never emitted by the target
         else:
-            # train through the first stop token after the content; template text after it is not the target's
+            # train through the first stop token after the content (and after the turn's tool calls);
+            # template text after it is not the target's
             stop = next((k + 1 for k in range(content_end, end) if turn_ids[k] in stop_ids), content_end)
+        opened = prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)  # the prompt opens the thinking
         for k in range(start, stop):
             mask[k] = 1
+        for k in _thinking_tokens(turn_text, offsets, range(start, stop), opened):
+            reasoning[k] = 1
     if has_generation_tags(chat_template or tokenizer.chat_template) and not any(m.get("truncated") for m in messages):
         _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id, template_kwargs)
-    return Tokenized(full_ids, mask)
+    return Tokenized(full_ids, mask, reasoning)
+
+
+def _thinking_tokens(text: str, offsets: list[tuple[int, int]], span: range, opened: bool) -> list[int]:
+    """The tokens of `span` inside a THINK_OPEN ... THINK_CLOSE block of `text` (tags included;
+    `opened`: the block began in the prompt, as templates that pre-fill THINK_OPEN do; a block
+    never closed, an answer cut while thinking, runs to the span's end)."""
+    if not span:
+        return []
+    at, stop_char = offsets[span.start][0], offsets[span.stop - 1][1]
+    blocks = []
+    while at < stop_char:
+        begin = at if opened else text.find(THINK_OPEN, at, stop_char)
+        if begin < 0:
+            break
+        close = text.find(THINK_CLOSE, begin, stop_char)
+        finish = stop_char if close < 0 else close + len(THINK_CLOSE)
+        blocks.append((begin, finish))
+        at, opened = finish, False
+    return [k for k in span if any(offsets[k][0] < b and offsets[k][1] > a for a, b in blocks)]
+
+
+def apply_reasoning(tok: Tokenized, reasoning: str) -> Tokenized:
+    """The loss mask under tokenize.reasoning: `train` keeps the thinking in it, `exclude` takes it out."""
+    if reasoning == "train" or not any(tok.reasoning):
+        return tok
+    mask = [m and not r for m, r in zip(tok.loss_mask, tok.reasoning, strict=True)]
+    return Tokenized(tok.input_ids, [int(m) for m in mask], tok.reasoning)
 
 
 def _content_end_token(text: str, offsets: list[tuple[int, int]], start: int, end: int, content: str) -> int:
     """Index of the first token of turn span [start, end) that lies after the answer's content."""
     span_start = offsets[start][0] if start < end else len(text)
-    needle = content if content in text[span_start:] else content.strip()  # templates may trim content
-    found = text.find(needle, span_start)
-    if found < 0:
+    # templates may trim content, or render an answer's <think> block their own way (its answer stays)
+    needles = [content, content.strip(), content.rpartition(THINK_CLOSE)[2].strip()]
+    needle = next((n for n in needles if n in text[span_start:]), None)
+    if needle is None:
         # content rewritten by the template: treat the whole span as content
         return end
-    content_end = found + len(needle)
+    content_end = text.find(needle, span_start) + len(needle)
     return next((k for k in range(start, end) if offsets[k][0] >= content_end and offsets[k][1] > offsets[k][0]), end)
 
 
 def _check_against_generation_tags(tokenizer, messages, chat_template, full_ids, mask, row_id, template_kwargs=None) -> None:
     enc = tokenizer.apply_chat_template(
-        [{"role": m["role"], "content": m["content"]} for m in messages],
+        conversation_file.template_messages(messages),
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=True,
@@ -151,6 +195,7 @@ class TokenizeSettings:
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)
     trust_remote_code: bool = default("target", "trust_remote_code")
+    reasoning: str = default("tokenize", "reasoning")  # train | exclude: an answer's thinking in the loss mask
 
 
 def new_stats() -> dict:
@@ -164,6 +209,11 @@ def new_stats() -> dict:
         "rows": 0,
         "total_tokens": 0,
         "trainable_tokens": 0,
+        # assistant tokens (kept rows, within max_seq_len) of the answers' thinking and of the rest
+        # of the answers (tool-call text included); trained: both, or only the answers (tokenize.reasoning)
+        "reasoning_tokens": 0,
+        "answer_tokens": 0,
+        "rows_with_reasoning": 0,
     }
 
 
@@ -174,13 +224,16 @@ def iter_tokenized(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, 
     for row in rows:
         stats["rows_in"] += 1
         stats["answers_truncated_at_generation"] += sum(bool(m.get("truncated")) for m in row["messages"])
-        tok = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"],
-                                    template_kwargs=settings.chat_template_kwargs)
+        full = tokenize_conversation(tokenizer, row["messages"], stop_ids, chat_template, row_id=row["id"],
+                                     template_kwargs=settings.chat_template_kwargs, tools=row.get("tools"))
+        tok = apply_reasoning(full, settings.reasoning)
         if len(tok.input_ids) > settings.max_seq_len:
             stats["rows_truncated"] += 1
             stats["tokens_cut_by_truncation"] += len(tok.input_ids) - settings.max_seq_len
             stats["trainable_tokens_cut_by_truncation"] += sum(tok.loss_mask[settings.max_seq_len :])
-            tok = Tokenized(tok.input_ids[: settings.max_seq_len], tok.loss_mask[: settings.max_seq_len])
+            n = settings.max_seq_len
+            full = Tokenized(full.input_ids[:n], full.loss_mask[:n], full.reasoning[:n])
+            tok = Tokenized(tok.input_ids[:n], tok.loss_mask[:n], tok.reasoning[:n])
         trainable = sum(tok.loss_mask)
         if trainable < settings.min_trainable_tokens:
             stats["rows_dropped_few_trainable_tokens"] += 1
@@ -190,6 +243,10 @@ def iter_tokenized(tokenizer, rows: Iterable[dict], settings: TokenizeSettings, 
         stats["rows"] += 1
         stats["total_tokens"] += len(tok.input_ids)
         stats["trainable_tokens"] += trainable
+        thinking = sum(full.reasoning)
+        stats["reasoning_tokens"] += thinking
+        stats["answer_tokens"] += sum(full.loss_mask) - thinking
+        stats["rows_with_reasoning"] += thinking > 0
         ids.append(row["id"])
         yield {"input_ids": tok.input_ids, "loss_mask": tok.loss_mask}
 
@@ -288,7 +345,8 @@ def tokenize(
         dataset.save_to_disk(str(staging / "dataset"))
         _verify(staging, tokenized)
         del dataset, tokenized
-        summary = {**stats, "max_seq_len": settings.max_seq_len, "min_trainable_tokens": settings.min_trainable_tokens, "ids": ids}
+        summary = {**stats, "max_seq_len": settings.max_seq_len, "min_trainable_tokens": settings.min_trainable_tokens,
+                   "reasoning": settings.reasoning, "ids": ids}
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         # dataset and token_freq first, summary last: a finished summary means the rest is there
         _replace(staging / "dataset", out_dataset)

@@ -45,6 +45,66 @@ CHATML_THINKING_TEMPLATE = (
     "{% if no_think %}{{ '" + NO_THINK.replace("\n", "\\n") + "' }}{% endif %}{% endif %}"
 )
 
+# ChatML that thinks and calls tools, as Qwen3's and Hermes' templates do (but keeping earlier
+# turns' thinking, so a prefix renders the same whatever follows it): an answer's
+# `reasoning_content` opens it as a <think> block (an answer whose content holds its own block is
+# rendered as written); `enable_thinking=False` pre-fills an empty block in the generation prompt
+# and in answers without thinking; `tools` go into the system turn, calls into <tool_call> tags,
+# results into <tool_response> tags of a user turn.
+CHATML_AGENT_TEMPLATE = """\
+{%- set no_think = enable_thinking is defined and not enable_thinking -%}
+{%- if tools -%}
+<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
+
+{% endif %}# Tools
+
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each function call, return a json object within <tool_call></tool_call> tags.<|im_end|>
+{% elif messages[0]['role'] == 'system' -%}
+<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'user' -%}
+<|im_start|>user
+{{ message['content'] }}<|im_end|>
+{% elif message['role'] == 'assistant' -%}
+<|im_start|>assistant
+{% if message.get('reasoning_content') %}<think>
+{{ message['reasoning_content'] }}
+</think>
+
+{% elif no_think and '</think>' not in message['content'] %}<think>
+
+</think>
+
+{% endif %}{{ message['content'] }}
+{%- for call in message.get('tool_calls') or [] %}
+<tool_call>
+{"name": "{{ call['function']['name'] }}", "arguments": {{ call['function']['arguments'] | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message['role'] == 'tool' -%}
+<|im_start|>user
+<tool_response>
+{{ message['content'] }}
+</tool_response><|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% if no_think %}<think>
+
+</think>
+
+{% endif -%}
+{%- endif -%}
+"""
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = [

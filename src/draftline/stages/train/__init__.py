@@ -28,6 +28,7 @@ One module per job, as speculators splits its own `speculators.train`:
 - args: speculators' train command line (TrainerOptions, speculators_args, launch_command)
 - checkpoints: the run key, the run's folder, its epoch and step checkpoints, pruning
 - run: the Trainer's child process, with its signals (preemption, a killed job)
+- sampling: what speculators' sampler leaves out (samples cut at total_seq_len, per-epoch leftovers)
 - online: the online hidden-state server's part (its settings, the fidelity check)
 - publish: the skipped samples, the chosen epoch, final/ and its provenance
 - job: `train()`, the step from end to end

@@ -15,6 +15,7 @@ from pathlib import Path
 from draftline.content_hash import digest, fingerprint
 from draftline.stages.train.args import TrainerOptions
 from draftline.stages.train.settings import TrainInputs, TrainSettings
+from draftline.target_hashes import job_cache
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,10 @@ class Run:
 
 
 def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[str, str]:
-    """Each input's `content_hash.fingerprint` (content, or stat for the big hidden states); in
-    online mode the server's settings stand for the hidden states (the target is already here)."""
+    """Each input's `content_hash.fingerprint`: content, the target's big files through the hash
+    cache the plan filled (read again only when a file changed, in place too); the hidden states by
+    stat (names, sizes, mtimes, ctimes: the workflow wrote them). In online mode the server's
+    settings stand for the hidden states (the target is already here)."""
     hidden = (
         hashlib.sha256(json.dumps({"online": server}, sort_keys=True).encode()).hexdigest() if server is not None
         else digest(fingerprint(inputs.hidden_states, limit=0))
@@ -57,8 +60,19 @@ def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[
         "layer_ids": digest(fingerprint(inputs.layer_ids)),
         "dataset": digest(fingerprint(inputs.dataset)),
         "hidden_states": hidden,
-        "target": digest(fingerprint(inputs.target)) if Path(inputs.target).exists() else str(inputs.target),
+        "target": _target_fingerprint(inputs.target, inputs.target_identity),
     }
+
+
+def _target_fingerprint(target: str, identity: dict | None) -> str:
+    if identity is not None:  # what the plan hashed (by content): nothing to read here
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    if not Path(target).exists():
+        return str(target)  # a hub id
+    cache = job_cache()
+    found = digest(fingerprint(target, cache=cache))
+    cache.save()
+    return found
 
 
 def run_key(settings: TrainSettings, optimizer: str, world_size: int, fingerprints: dict) -> str:

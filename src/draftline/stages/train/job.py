@@ -1,6 +1,6 @@
 """The train step from end to end: place the Trainer, check the inputs, open (or resume) the
-run's folder, run speculators' Trainer (online: against this job's hidden-state server), check
-what it skipped, publish final/ and prune earlier runs."""
+run's folder, count what its sampler will leave out, run speculators' Trainer (online: against
+this job's hidden-state server), check what it skipped, publish final/ and prune earlier runs."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import logging
 import time
 from pathlib import Path
 
-from draftline.stages.train.args import TrainerOptions, speculators_args
+from draftline.stages.train.args import TrainerOptions, speculators_args, train_data_ratio
 from draftline.stages.train.checkpoints import describe_start, open_run, prune_old_runs
 from draftline.stages.train.inputs import check_inputs
 from draftline.stages.train.online import server_key, server_settings, train_online
 from draftline.stages.train.placement import place
 from draftline.stages.train.publish import check_skipped_samples, publish, view_fidelity
 from draftline.stages.train.run import exit_on_sigterm, launch
+from draftline.stages.train.sampling import describe as describe_dropped
+from draftline.stages.train.sampling import dropped_count, dropped_samples
 from draftline.stages.train.settings import HiddenStateSource, TrainInputs, TrainJob, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
     options = TrainerOptions.resolve(settings, where.cuda, source.online, job.trust_remote_code)
     facts = check_inputs(inputs, server.dtype if server else None)
     run = open_run(job.runs_dir, inputs, settings, options, where.world_size, server_key(server))
+    dropped = dropped_samples(inputs.dataset, settings.total_seq_len, train_data_ratio(settings, facts.rows),
+                              where.world_size, settings.epochs, settings.seed)
+    (log.warning if dropped_count(dropped) else log.info)("speculators' sampler: %s", describe_dropped(dropped))
     log.info(
         "run %s: %d rows, %s hidden states (format %s), optimizer %s, %s, %s",
         run.key, facts.rows, facts.hidden_states_dtype, facts.hidden_states_format, options.optimizer,
@@ -45,11 +50,12 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
     if server is not None:
         hidden_states = train_online(inputs, source, server, where, run.dir, run_trainer)
     else:
-        run_trainer(inputs)
-        # offline: the files (their fingerprint is under inputs); online: the target (its
-        # fingerprint under inputs) and the server that made them
+        # offline: the files (their fingerprint is under inputs) and their check, read before the
+        # Trainer starts (a broken view stops here); online: the target (its fingerprint under
+        # inputs) and the server that made them
         hidden_states = {"mode": "offline", "path": str(inputs.hidden_states),
                          "fidelity": view_fidelity(inputs.hidden_states)}
+        run_trainer(inputs)
     log.info("trainer finished in %.1f s", time.monotonic() - started)
     skipped = check_skipped_samples(run.metrics_path, source, run.dir)
     record = {
@@ -65,6 +71,8 @@ def train(inputs: TrainInputs, settings: TrainSettings, job: TrainJob,
         "rows": facts.rows,
         # sample loads the Trainer skipped without hidden states, and how many were allowed
         "skipped_samples": skipped,
+        # samples its sampler cut at train.total_seq_len, and left out of each epoch (sampling.py)
+        "dropped_samples": dropped,
     }
     final = publish(run, job, settings, facts, inputs.target, record, started)
     if not settings.keep_old_runs:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from draftline import algorithms
 from draftline.artifacts import metrics
-from draftline.artifacts.hidden_states import read_manifest
+from draftline.artifacts.hidden_states import MANIFEST, read_manifest
 from draftline.atomic import atomic_dir, atomic_file
 from draftline.stages.train.checkpoints import FINAL_FILES, INTERRUPTED, Run, epoch_dirs, finished_epochs
 from draftline.stages.train.inputs import InputFacts
@@ -84,12 +84,21 @@ def choose_epoch(run_dir: Path, epochs: int, has_validation: bool, losses: dict[
     return epochs - 1, "no epoch has a finite validation loss (no checkpoint_best): the last epoch"
 
 
-def view_fidelity(view: Path | None) -> dict | None:
-    """The training view's fidelity record (every shard's check), None for a view from before it."""
-    try:
-        return read_manifest(view).get("fidelity")
-    except (FileNotFoundError, ValueError, TypeError):
+def view_fidelity(view: Path) -> dict | None:
+    """The training view's fidelity record (every shard's check), read before training starts. An
+    unreadable manifest stops the job (read_manifest's error names the file and the fix); a folder
+    without one (not built by draftline's view step) or a manifest from before the check is said so
+    in the log, and its record is None: nothing claims the states were checked."""
+    if not (Path(view) / MANIFEST).exists():
+        log.warning("%s has no %s (a folder not built by draftline's hidden_states_view step): its hidden "
+                    "states were not checked for fidelity, and the draft's provenance says none", view, MANIFEST)
         return None
+    manifest = read_manifest(view)
+    if "fidelity" not in manifest:
+        log.warning("%s: its manifest holds no hidden-state fidelity record (a view made before draftline "
+                    "checked fidelity): the draft's provenance and summary say nothing about it; rerun "
+                    "the hidden-state shards to check them", view)
+    return manifest.get("fidelity")
 
 
 def publish(run: Run, job: TrainJob, settings: TrainSettings, facts: InputFacts, target: str, record: dict,

@@ -44,6 +44,9 @@ class TrainInputs:
     t2d: Path
     layer_ids: Path
     target: str
+    # the plan's target identity (the rule's `target` param: content, hub commit or package): the
+    # run key's target; None: the folder's fingerprint through the hash cache
+    target_identity: dict | None = None
 
 
 @dataclass(frozen=True)

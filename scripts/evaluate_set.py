@@ -1,10 +1,10 @@
-"""Acceptance of the final draft (and an untrained baseline) in vLLM (see draftline.stages.evaluate)."""
+"""Acceptance of the final draft on one prompt set in vLLM (see draftline.stages.evaluate)."""
 
 from draftline.devices import claim_gpus
 from draftline.logs import log_to
 from draftline.plan import check_job_environment
-from draftline.provenance import write_provenance
-from draftline.stages.evaluate import EvaluateSettings, evaluate, make_untrained_draft
+from draftline.provenance import sidecar, write_provenance
+from draftline.stages.evaluate import EvaluateSettings, evaluate_set
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])
@@ -12,22 +12,10 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     check_job_environment(  # device, torch build, pins
         snakemake.params.planned, snakemake.params.versions, snakemake.params.device_setting.value
     )
-    make_untrained_draft(
-        snakemake.input.config,
-        snakemake.input.d2t,
-        snakemake.input.t2d,
-        snakemake.output.untrained,
-        target=str(snakemake.params.target_dir),
-        seed=snakemake.params.seed,
-    )
-    evaluate(
+    evaluate_set(
         str(snakemake.params.target_dir),
-        {
-            "validation": snakemake.input.validation,
-            "test": snakemake.input.test,
-            **snakemake.params.prompt_sets,
-        },
-        {"trained": snakemake.input.draft, "untrained": snakemake.output.untrained},
+        (snakemake.wildcards.prompt_set, snakemake.params.source),
+        ("trained", snakemake.input.draft),
         snakemake.output.acceptance,
         snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
             EvaluateSettings,
@@ -39,6 +27,5 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             chat_template_kwargs=snakemake.params.chat_template_kwargs,
             threads=snakemake.threads,
         ),
-        baseline="untrained",  # on the test set only (the headline)
     )
-    write_provenance(snakemake)  # results/eval/provenance.json
+    write_provenance(snakemake, sidecar(snakemake.output.acceptance))  # results/eval/sets/<set>.provenance.json

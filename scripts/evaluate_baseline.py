@@ -1,0 +1,40 @@
+"""Acceptance of an untrained draft of the same config on the headline set in vLLM, the
+baseline (see draftline.stages.evaluate)."""
+
+from draftline.devices import claim_gpus
+from draftline.logs import log_to
+from draftline.plan import check_job_environment
+from draftline.provenance import sidecar, write_provenance
+from draftline.stages.evaluate import EvaluateSettings, evaluate_baseline, make_untrained_draft
+
+if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
+    log_to(snakemake.log[0])
+    claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
+    check_job_environment(  # device, torch build, pins
+        snakemake.params.planned, snakemake.params.versions, snakemake.params.device_setting.value
+    )
+    make_untrained_draft(
+        snakemake.input.config,
+        snakemake.input.d2t,
+        snakemake.input.t2d,
+        snakemake.output.untrained,
+        target=str(snakemake.params.target_dir),
+        seed=snakemake.params.seed,
+    )
+    evaluate_baseline(
+        str(snakemake.params.target_dir),
+        {"test": snakemake.input.test, "validation": snakemake.input.validation},  # the first with prompts
+        snakemake.output.untrained,
+        snakemake.output.acceptance,
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+            EvaluateSettings,
+            num_speculative_tokens=snakemake.params.num_speculative_tokens,
+            max_new_tokens=snakemake.params.max_new_tokens,
+            max_prompts=snakemake.params.max_prompts,
+            seed=snakemake.params.seed,
+            chat_template=snakemake.params.chat_template,
+            chat_template_kwargs=snakemake.params.chat_template_kwargs,
+            threads=snakemake.threads,
+        ),
+    )
+    write_provenance(snakemake, sidecar(snakemake.output.acceptance))  # results/eval/untrained_draft.provenance.json
