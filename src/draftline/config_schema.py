@@ -228,4 +228,8 @@ def settings_page(text: str, config: dict) -> str:
 if __name__ == "__main__":  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.config_schema
     import yaml
 
-    DOCS_PAGE.write_text(settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text())))
+    from draftline.atomic import atomic_file
+
+    page = settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text()))
+    with atomic_file(DOCS_PAGE) as out:
+        out.write(page)
