@@ -19,7 +19,7 @@ from workflow import REPO, SNAKEMAKE, copy_workflow, snakemake, write_config
 RECIPES = {
     # preset -> its Slurm profile, the GPUs each vLLM job and the training job ask for
     "dense_8b": ("slurm_dense_8b", 1, 1),
-    "moe_235b": ("slurm_moe_235b", 8, 8),
+    "moe_235b": ("slurm_moe_235b", 8, 1),
 }
 
 
@@ -81,6 +81,62 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
         assert preflight[rule]["gpu"] == str(vllm_gpus), rule
         assert preflight[rule]["mem_mb"] == resources["regenerate_shard"]["mem_mb"], rule
         assert preflight[rule]["cpus_per_gpu"] == resources["regenerate_shard"]["cpus_per_gpu"], rule
+
+
+def _target_folder(folder, tokenizer_from, shape) -> str:
+    """A target folder whose config.json has `shape` (a sizing.Shape: the real target's published
+    values), the tokenizer and weights of a tiny model beside it: the plan reads only the config."""
+    shutil.copytree(tokenizer_from, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(num_hidden_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+                  num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, intermediate_size=shape.intermediate,
+                  vocab_size=shape.vocab, max_position_embeddings=40960)
+    if shape.experts:
+        config.update(num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+                      moe_intermediate_size=shape.expert_intermediate)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("preset", sorted(RECIPES))
+def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(preset, tiny_model_8_heads, tmp_path):
+    """docs/sizing.md's "Recipes" row (sizing.recipe_estimates, which tests/test_docs.py checks the
+    page against) is the sizing line of the recipe's own dry run with its own profile: for the data
+    it is sized for (prompts.max_samples conversations) and for the shipped prompts, on the target's
+    shape (its config.json), the train job's GPUs as the profile sets them."""
+    from draftline import sizing
+
+    name = f"config/presets/{preset}.yaml"
+    recipe, estimates = sizing.RECIPES[name], sizing.recipe_estimates(REPO, name)
+    config = yaml.safe_load((REPO / name).read_text())
+    config["target"]["model"] = _target_folder(tmp_path / "target", tiny_model_8_heads, recipe.shape)
+    profile = ("--workflow-profile", str(REPO / recipe.profile))
+    held_out = config["prompts"]["validation"] + config["prompts"]["test"]
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer"}]}
+            for i in range(config["prompts"]["max_samples"] + held_out)]
+    # as the recipe's command runs in a clone: config/config.yaml under the preset, the shipped and evaluated sets
+    (tmp_path / "config").mkdir()
+    shutil.copy(REPO / "config/config.yaml", tmp_path / "config/config.yaml")
+    shutil.copytree(REPO / "resources/prompts", tmp_path / "resources/prompts")
+    (tmp_path / "resources/prompts/sized.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def sizing_line(source: str) -> str:
+        config["prompts"]["sources"] = [source]
+        write_config(tmp_path, config)
+        text = snakemake(tmp_path, "-n", *profile).stderr
+        lines = [line for line in text.splitlines() if line.startswith("draftline: sizing for ")]
+        assert len(lines) == 1, text[-3000:]
+        return lines[0]
+
+    for source, est in (("resources/prompts/sized.jsonl", estimates["H200"]),
+                        ("resources/prompts/default.jsonl", estimates["shipped"])):
+        line = sizing_line(source)
+        expected = sizing.describe({**est, "target": "target"})
+        assert expected in line, "\n".join((line, expected))
+    assert estimates["H200"]["conversations"] == config["prompts"]["max_samples"]
+    h100 = sum(estimates["H100"]["device_hours"].values())
+    assert f"; on H100s total {sizing._hours(h100)} (" in sizing_line("resources/prompts/sized.jsonl")
+    assert sizing.recipe_train_gpus(REPO, name) == RECIPES[preset][2]
 
 
 def test_sizing_table_matches_the_measured_8b_rates():
@@ -429,10 +485,8 @@ def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
     from draftline import sizing
 
     profile = yaml.safe_load((REPO / "profiles" / RECIPES[preset][0] / "config.yaml").read_text())["set-resources"]
-    config = sizing.recipe_config(REPO, f"config/presets/{preset}.yaml")
-    shape = sizing.RECIPES[f"config/presets/{preset}.yaml"]
-    plan = sizing.plan_from_config(config, config["prompts"]["max_samples"], RECIPES[preset][2])
-    wall = {stage: max(sizing.estimate(shape, plan, gpu=gpu)["wall_hours"][stage] for gpu in sizing.GPUS) * 60
+    estimates = sizing.recipe_estimates(REPO, f"config/presets/{preset}.yaml")  # with the profile's train GPUs
+    wall = {stage: max(estimates[gpu]["wall_hours"][stage] for gpu in sizing.GPUS) * 60
             for stage in ("regeneration", "extraction", "training", "evaluation")}
     rules = {"regeneration": "regenerate_shard", "extraction": "hidden_states_shard", "training": "train",
              "evaluation": "evaluate_set"}
@@ -520,7 +574,7 @@ def test_the_sizing_line_says_which_figure_is_the_bound_and_how_long_the_weights
                        eval_headline_prompts=50)
     est = sizing.estimate(sizing.QWEN3_235B, plan)
     text = sizing.describe(est)
-    assert ("each vLLM job starts in 8 min (included above): the weights (470.0 GB) load at 1 GB/s "
+    assert ("each vLLM job starts in 8 min (included above): the weights (470.1 GB) load at 1 GB/s "
             "(sizing.filesystem_gb_per_s), after 12 s of imports") in text
     bound = sum(est["device_hours"].values())
     expected = sum(h * sizing.EXPECTED_SHARE[k] for k, h in est["device_hours"].items())

@@ -160,9 +160,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         _refuse(str(error), no_job)
         device = "cpu" if config["device"] == "cpu" else "cuda"
     hs = config["hidden_states"]
-    default_train_gpus = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
-    train_gpus = gpu_overrides.get("train")
-    train_gpus = train_gpus if isinstance(train_gpus, int) else default_train_gpus  # an expression: checked in the job
+    default_train_gpus, train_gpus = planned_train_gpus(config, gpu_overrides)
     resolved = resolved_settings(config, device, train_gpus)
     if not remote_exec:
         say(planned_line(config, device, resolved, executor if on_cluster else None))
@@ -304,6 +302,16 @@ def gpu_overrides(settings: dict) -> dict[str, int | str | None]:
         except (TypeError, ValueError):
             out[rule] = str(value)
     return out
+
+
+def planned_train_gpus(config: dict, gpu_overrides: dict[str, int | str | None]) -> tuple[int, int]:
+    """(the train rule's own `gpu`: the Trainer's, plus the online server's; what it asks for with
+    the profile's or --set-resources' setting). The plan and docs/sizing.md's recipes table read it
+    here, so the two size the same training job."""
+    hs = config["hidden_states"]
+    default = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
+    asked = gpu_overrides.get("train")
+    return default, asked if isinstance(asked, int) else default  # an expression: checked in the job
 
 
 def check_gpu_overrides(gpu_overrides: dict, vllm_ranks: int) -> None:

@@ -145,8 +145,9 @@ def shape_of(config_path: str | Path, name: str | None = None) -> Shape:
 # The targets of the docs' table (their published config.json values).
 LLAMA_8B = Shape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256)
 LLAMA_70B = Shape("Llama-3.3-70B", 80, 8192, 64, 8, 128, 28672, 128256)
+# Weights from the linear layers, as the plan has them from the target's config.json (235.0e9 params).
 QWEN3_235B = Shape("Qwen3-235B-A22B (MoE)", 94, 4096, 64, 4, 128, 12288, 151936, experts=128,
-                   experts_per_token=8, expert_intermediate=1536, total_params=235e9)
+                   experts_per_token=8, expert_intermediate=1536)
 SMOLLM2_135M = Shape("SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152)
 DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)
 
@@ -348,6 +349,13 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
     )
 
 
+def config_estimate(shape: Shape, config: dict, conversations: int, train_gpus: int, device: str = "cuda",
+                    measured: dict | None = None, user_turns: int | None = None, gpu: str = "H200") -> dict:
+    """`estimate` for a validated config: what the plan's sizing line prints (for_config) and what
+    docs/sizing.md's recipes table shows (recipes_table), one computation for both."""
+    return estimate(shape, plan_from_config(config, conversations, train_gpus, device, user_turns), device, measured, gpu)
+
+
 def named_set_prompts(evaluate: dict) -> int:
     """The prompts evaluation reads from the named sets (evaluate.prompt_sets), each capped at
     evaluate.max_prompts; a set that cannot be counted cheaply counts as its cap (or 0 without one:
@@ -428,13 +436,12 @@ def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
         return f"no sizing estimate before the first job: {why_not}"
     if not conversations:
         return "no sizing estimate: no training conversations are left after the held-out prompts"
-    plan = plan_from_config(config, conversations, train_gpus, device, user_turns)
     rates, source = measured
     if rates is not None:
         rates = {**rates, "source": source}
-    text = describe(estimate(shape, plan, device, rates))
+    text = describe(config_estimate(shape, config, conversations, train_gpus, device, rates, user_turns))
     if rates is None and device == "cuda":
-        h100 = estimate(shape, plan, device, gpu="H100")
+        h100 = config_estimate(shape, config, conversations, train_gpus, device, user_turns=user_turns, gpu="H100")
         text += f"; on H100s total {_hours(sum(h100['device_hours'].values()))} ({GPUS['H100'].basis})"
     if rates is None:
         text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
@@ -529,7 +536,16 @@ def table(gpu: str = "H200", tokens: int = 100_000_000, seq_len: int = 2048, new
     return "\n".join(rows)
 
 
-RECIPES = {"config/presets/dense_8b.yaml": LLAMA_8B, "config/presets/moe_235b.yaml": QWEN3_235B}
+@dataclass(frozen=True)
+class Recipe:
+    """A preset for a real target, the target's shape, and the Slurm profile it runs with."""
+
+    shape: Shape
+    profile: str
+
+
+RECIPES = {"config/presets/dense_8b.yaml": Recipe(LLAMA_8B, "profiles/slurm_dense_8b"),
+           "config/presets/moe_235b.yaml": Recipe(QWEN3_235B, "profiles/slurm_moe_235b")}
 
 
 def recipe_config(repo: Path, preset: str) -> dict:
@@ -543,34 +559,60 @@ def recipe_config(repo: Path, preset: str) -> dict:
     return config
 
 
-def recipes_table(repo: Path) -> str:
-    """The recipes' cost on H200s (and H100s) for the data they are sized for (prompts.max_samples
-    single-turn conversations at tokenize.max_seq_len) and for the shipped prompts as they stand."""
+def recipe_train_gpus(repo: Path, preset: str) -> int:
+    """The GPUs the recipe's train job asks for with its profile (its set-resources' `gpu`), as the
+    plan counts them (planning.planned_train_gpus)."""
+    import yaml
+
+    from draftline.planning import gpu_overrides, planned_train_gpus
+
+    profile = yaml.safe_load((repo / RECIPES[preset].profile / "config.yaml").read_text())
+    train = (profile.get("set-resources") or {}).get("train") or {}
+    return planned_train_gpus(recipe_config(repo, preset), gpu_overrides({"train": train.get("gpu")}))[1]
+
+
+def recipe_estimates(repo: Path, preset: str) -> dict[str, dict]:
+    """The recipe's estimates as its dry run with its profile computes them (config_estimate):
+    {"H200", "H100": for prompts.max_samples conversations, "shipped": for the shipped prompts}."""
     import os
 
+    config, shape, train_gpus = recipe_config(repo, preset), RECIPES[preset].shape, recipe_train_gpus(repo, preset)
+    cwd = os.getcwd()
+    try:
+        os.chdir(repo)  # the preset's relative paths: its sources, the evaluated sets
+        shipped, _ = planned_training_rows(config)
+        sized = {gpu: config_estimate(shape, config, config["prompts"]["max_samples"], train_gpus, gpu=gpu)
+                 for gpu in GPUS}
+        return {**sized, "shipped": config_estimate(shape, config, shipped, train_gpus)}
+    finally:
+        os.chdir(cwd)
+
+
+def recipes_table(repo: Path) -> str:
+    """The recipes' cost on H200s (and H100s) for the data they are sized for (prompts.max_samples
+    single-turn conversations at tokenize.max_seq_len) and for the shipped prompts as they stand,
+    each with its profile's training GPUs: what the dry run prints (tests/test_presets.py checks it)."""
     rows = [
-        "| preset | target | GPUs per vLLM job | data | H200 GPU-hours | H100 GPU-hours | hidden states | "
-        "with the shipped prompts (H200) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| preset | target | GPUs per vLLM job | data | H200 GPU-hours | H100 GPU-hours | training (H200) | "
+        "hidden states | with the shipped prompts (H200) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for preset, shape in RECIPES.items():
-        config = recipe_config(repo, preset)
-        cwd = os.getcwd()
-        try:
-            os.chdir(repo)  # the preset's relative paths
-            shipped, _ = planned_training_rows(config)
-        finally:
-            os.chdir(cwd)
-        size = config["prompts"]["max_samples"]
-        totals = {gpu: estimate(shape, plan_from_config(config, size), gpu=gpu) for gpu in GPUS}
-        small = estimate(shape, plan_from_config(config, shipped))
+    for preset, recipe in RECIPES.items():
+        config, est = recipe_config(repo, preset), recipe_estimates(repo, preset)
+        h200, train_gpus = est["H200"], recipe_train_gpus(repo, preset)
         gpus = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
-        data = (f"{size:,} conversations, {config['tokenize']['max_seq_len']:,} tokens, answers <= "
-                f"{config['regenerate']['max_new_tokens']:,}, {config['train']['epochs']} epochs")
+        data = (f"{est['H200']['conversations']:,} conversations, {config['tokenize']['max_seq_len']:,} tokens, "
+                f"answers <= {config['regenerate']['max_new_tokens']:,}, {config['train']['epochs']} epochs")
+        # the GPU-hours its GPUs wait on the hidden states' reads (sizing.filesystem_gb_per_s)
+        reading = h200["io_hours"].get("training", 0.0) * train_gpus
+        training = (f"{train_gpus} GPU{'s' if train_gpus > 1 else ''} (its profile's): "
+                    f"{h200['device_hours']['training']:.1f} GPU-hours, {reading:.1f} of them reading the hidden states")
         rows.append(
-            f"| `{preset}` | {shape.name} | {gpus} | {data} | {sum(totals['H200']['device_hours'].values()):.1f} | "
-            f"{sum(totals['H100']['device_hours'].values()):.1f} | <= {_bytes(totals['H200']['hidden_state_bytes'])} | "
-            f"{shipped:,} conversations: {sum(small['device_hours'].values()):.1f} GPU-hours |"
+            f"| `{preset}` | {recipe.shape.name} | {gpus} | {data} | {sum(h200['device_hours'].values()):.1f} | "
+            f"{sum(est['H100']['device_hours'].values()):.1f} | {training} | "
+            f"<= {_bytes(h200['hidden_state_bytes'])} | "
+            f"{est['shipped']['conversations']:,} conversations: {sum(est['shipped']['device_hours'].values()):.1f} "
+            "GPU-hours |"
         )
     return "\n".join(rows)
 
