@@ -99,6 +99,32 @@ def test_nested_settings_from_the_command_line_are_taken_as_the_schemas_types(tm
     assert "'epochz' was unexpected" in unknown.stdout and "Error validating config file" not in unknown.stdout
 
 
+def test_dotted_nested_settings_from_the_command_line_are_taken(tmp_path):
+    """`./draftline snakemake --config train.lr=3e-4 tokenize.max_seq_len=512`: the dotted form,
+    which Snakemake's own parser refuses, reaches the plan as the block form does (./draftline
+    rewrites it, config_schema.rewrite_config_args), and a bad value names its dotted key."""
+    import os
+    import subprocess
+    import sys
+
+    workdir = default_workdir(tmp_path)
+    env = {**os.environ, "DRAFTLINE_VENV": sys.prefix, "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+    def draftline(*config: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(REPO / "draftline"), "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+             "--configfile=" + str(workdir / "config.yaml"), "-n", "results/checkpoint/final", "--config", *config],
+            capture_output=True, text=True, env=env, timeout=600,
+        )
+
+    out = draftline("train.lr=3e-4", "run_name=dotted", "tokenize.max_seq_len=512", "train.epochs=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "x <= 512 tokens" in out.stderr
+    bad = draftline("train.lr=fast", "tokenize.max_seq_len=512")
+    assert bad.returncode != 0
+    assert "--config train.lr: 'fast' is not a valid train.lr (the schema's type: number" in bad.stdout + bad.stderr
+
+
 def test_missing_prompt_source_stops_at_parse_time(tmp_path):
     workdir = default_workdir(tmp_path)
     config = yaml.safe_load((workdir / "config.yaml").read_text())

@@ -132,6 +132,56 @@ def _merge(into: dict, values: dict) -> None:
             into[key] = value
 
 
+_DOTTED = re.compile(r"([A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)+)=(.*)", re.DOTALL)
+
+
+def rewrite_config_args(args: list[str]) -> list[str]:
+    """A snakemake command line with `--config` values of the dotted form (`train.lr=3e-4`), which
+    Snakemake 9.27.1's own parser refuses ("Config entry must start with a valid identifier"), in
+    the block form it takes (`train={"lr": "3e-4"}`); dotted keys under one top-level key become
+    one block, in the place of the first. A --config list ends at the next word starting with `-`.
+    Values stay strings: command_line_config reads each as its key's type in the schema."""
+    import json
+
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--config="):  # one value, in the same word
+            out += [f"--config={v}" for v in rewrite_config_args(["--config", args[i].split("=", 1)[1]])[1:]]
+            i += 1
+            continue
+        out.append(args[i])
+        if args[i] not in ("--config", "-C"):
+            i += 1
+            continue
+        i += 1
+        blocks: dict[str, dict] = {}
+        values: list = []
+        while i < len(args) and not args[i].startswith("-"):
+            match = _DOTTED.fullmatch(args[i])
+            if match is None:
+                values.append(args[i])
+            else:
+                top, *path = match.group(1).split(".")
+                if top not in blocks:
+                    blocks[top] = {}
+                    values.append(top)  # its place among the values
+                _set_dotted(blocks[top], top, path, match.group(2))
+            i += 1
+        out += [f"{v}={json.dumps(blocks[v])}" if v in blocks else v for v in values]
+    return out
+
+
+def _set_dotted(block: dict, top: str, path: list[str], value: str) -> None:
+    for n, key in enumerate(path[:-1]):
+        block = block.setdefault(key, {})
+        if not isinstance(block, dict):
+            raise CommandLineError(f"--config {top}.{'.'.join(path)}: {top}.{'.'.join(path[:n + 1])} is given a value too")
+    if isinstance(block.get(path[-1]), dict):
+        raise CommandLineError(f"--config {top}.{'.'.join(path)}: keys below it are given too")
+    block[path[-1]] = value
+
+
 def validation_error(error, given) -> str | None:
     """What to say for Snakemake's "Error validating config file" when the key at fault came
     from `--config` (`given`), or None when it came from a config file."""
@@ -225,11 +275,19 @@ def settings_page(text: str, config: dict) -> str:
     return "".join(lines)
 
 
-if __name__ == "__main__":  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.config_schema
-    import yaml
+if __name__ == "__main__":
+    import sys
 
-    from draftline.atomic import atomic_file
+    if sys.argv[1:2] == ["--rewrite-args"]:  # ./draftline: the command's words, NUL-separated
+        try:
+            sys.stdout.write("".join(arg + "\0" for arg in rewrite_config_args(sys.argv[2:])))
+        except CommandLineError as error:
+            sys.exit(f"draftline: {error}")
+    else:  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.config_schema
+        import yaml
 
-    page = settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text()))
-    with atomic_file(DOCS_PAGE) as out:
-        out.write(page)
+        from draftline.atomic import atomic_file
+
+        page = settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text()))
+        with atomic_file(DOCS_PAGE) as out:
+            out.write(page)

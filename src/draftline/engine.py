@@ -207,17 +207,19 @@ class NotEnoughCores(ValueError):
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core runs in the job's process
+CONFIGURE_LOGGING = "VLLM_CONFIGURE_LOGGING"  # "0": vLLM adds no console handler of its own
 # What configure_vllm_cpu set in this process: a later engine (another parallel size) may
 # replace those values; anything else in the environment was set by the user and wins.
 _set_here: dict[str, str] = {}
 
 
-def _users(key: str) -> bool:
+def users_setting(key: str) -> bool:
+    """Whether the user, not configure_vllm_cpu or target_llm, set `key` in this process's environment."""
     return key in os.environ and os.environ[key] != _set_here.get(key)
 
 
 def _set_env(key: str, value: str | None) -> None:
-    if _users(key):
+    if users_setting(key):
         return
     if value is None:
         os.environ.pop(key, None)
@@ -261,7 +263,7 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
     """
     if has_cuda():
         return
-    for key, value in vllm_cpu_env(threads, kv_cache_gib, ranks, user_bind=_users(BIND)).items():
+    for key, value in vllm_cpu_env(threads, kv_cache_gib, ranks, user_bind=users_setting(BIND)).items():
         _set_env(key, value)
     # One rank: the engine core runs in this process (vLLM's uniprocess executor), not in a
     # spawned EngineCore process that imports torch and vLLM again: about half the start-up, the
@@ -308,6 +310,9 @@ def target_llm(
     if has_cuda():
         for key, value in vllm_cuda_env().items():
             os.environ.setdefault(key, value)
+    # vLLM's records go to the job's log (less logs.NOISE) as every other library's do, not to the
+    # terminal between Snakemake's lines; a value the user set wins
+    _set_env(CONFIGURE_LOGGING, "0")
     from vllm import LLM
 
     return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), gpu_memory_utilization), **engine_args)

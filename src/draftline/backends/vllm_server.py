@@ -39,10 +39,12 @@ from pathlib import Path
 
 from draftline.engine import (
     BIND,
+    CONFIGURE_LOGGING,
     EngineSettings,
     dtype_for,
     engine_kwargs,
     output_settings,
+    users_setting,
     vllm_cpu_env,
     vllm_cuda_env,
 )
@@ -147,6 +149,8 @@ def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
     import draftline
 
     env = dict(os.environ)
+    if not users_setting(CONFIGURE_LOGGING):  # the server logs to its own file, in vLLM's format
+        env.pop(CONFIGURE_LOGGING, None)
     src = str(Path(draftline.__file__).resolve().parents[1])  # the CPU connector's module
     env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
     env["PYTHONUNBUFFERED"] = "1"

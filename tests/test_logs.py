@@ -1,0 +1,52 @@
+"""A job's log (draftline.logs.log_to): the lines vLLM, torch and speculators print on draftline's
+path that mean nothing is wrong are left out; a real error or warning is kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# a job's own process: log_to changes this process's logging, warnings and loguru for good
+JOB = textwrap.dedent("""
+    import logging, sys, warnings
+    sys.path.insert(0, sys.argv[2])
+    from draftline.logs import log_to
+    log_to(sys.argv[1])
+    cpu = logging.getLogger("vllm.v1.worker.cpu_worker")
+    cpu.warning("%s is not found in LD_PRELOAD. For best performance, please follow ...", "libtcmalloc")
+    cpu.warning("Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD will cause ...")
+    logging.getLogger("vllm.v1.utils").warning(
+        "[shutdown] Process manager: force killing remaining process %s pid %d", "EngineCore", 4242)
+    logging.getLogger("vllm.triton_utils.importing").info("Triton is installed, but doesn't include CPU backend.")
+    logging.getLogger("vllm.v1.engine.core").error("EngineCore failed to start: CUDA out of memory")
+    logging.getLogger("vllm.config").warning("max_num_scheduled_tokens is set to 4096 based on ...")
+    logging.getLogger("draftline.stages.regenerate").info("shard 0/1: 15 to answer")
+    warnings.warn("--target-layer-ids is not explicitly set. Setting target layers to [2, 15, 27].")
+    warnings.warn("`torch.distributed.reduce_op` is deprecated", FutureWarning)
+    warnings.warn("Tokenizer does not have mask_token; using pad_token_id=0")
+    from loguru import logger
+    logger = logger.patch(lambda record: record.update(name="speculators.utils.loading"))  # as speculators logs
+    logger.warning("`model.safetensors.index.json` file not found. Checking for `model.safetensors` instead.")
+    logger.warning("Tensor 'lm_head.weight' not found in weight_map.")
+""")
+
+
+def test_a_job_log_leaves_out_the_known_harmless_lines_and_keeps_the_rest(tmp_path):
+    log = tmp_path / "job.log"
+    run = subprocess.run([sys.executable, "-c", JOB, str(log), str(REPO / "src")], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    text = log.read_text()
+    for harmless in ["LD_PRELOAD", "force killing", "Triton is installed", "--target-layer-ids", "reduce_op",
+                     "model.safetensors.index.json"]:
+        assert harmless not in text, harmless
+        assert harmless not in run.stderr + run.stdout, harmless  # nor on the terminal
+    for kept in ["EngineCore failed to start: CUDA out of memory", "max_num_scheduled_tokens is set to 4096",
+                 "shard 0/1: 15 to answer", "Tokenizer does not have mask_token",
+                 "Tensor 'lm_head.weight' not found in weight_map"]:
+        assert kept in text, kept
+    assert "lm_head.weight" not in run.stderr  # speculators' loguru lines go to the job's log, not the terminal
