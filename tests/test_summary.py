@@ -168,6 +168,29 @@ def test_the_samples_the_trainer_cut_or_left_out_are_in_the_summary(tmp_path):
     assert "| samples left out per epoch (2 training process(es)) | training [1, 0], validation [0, 1] |" in markdown
 
 
+def test_the_summary_names_shards_made_without_the_fidelity_check_and_each_bar(tmp_path):
+    """Every shard counts (draftline.fidelity.combine): one without a record is named as not checked,
+    and shards checked against different bars show each bar."""
+    from draftline.fidelity import combine
+    from draftline.stages.summary import build_summary, to_markdown
+
+    def record(bar, basis):
+        return {"rows": [0, 4], "assistant_tokens": 100, "top1_assistant": 0.95, "min_top1": bar, "basis": basis}
+
+    total = combine({"results/hidden_states/shard_0": record(0.8, "auto: greedy"),
+                     "results/hidden_states/shard_1": record(0.3, "set"),
+                     "results/hidden_states/shard_2": None})
+    final = tmp_path / "results/checkpoint/final"
+    final.mkdir(parents=True)
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"epochs": 1, "hidden_states": {"mode": "offline", "fidelity": {"total": total}}}))
+    summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cpu", benchmarks=tmp_path / "none")
+    markdown = to_markdown(summary)
+    assert "**Not checked** (made without the check): results/hidden_states/shard_2." in markdown
+    assert "Bar of results/hidden_states/shard_0: 0.8. Bar of results/hidden_states/shard_1: 0.3." in markdown
+    assert "0.950 of 200 assistant positions in 4 rows" in markdown
+
+
 def _finished_draft(results, epochs=4, chosen=3):
     final = results / "checkpoint/final"
     final.mkdir(parents=True)

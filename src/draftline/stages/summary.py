@@ -300,6 +300,9 @@ def hidden_state_fidelity(provenance: dict) -> dict | None:
         "lowest_shard_top1_assistant": total.get("lowest_shard_top1_assistant"),
         "min_top1": total.get("min_top1"),
         "basis": total.get("basis"),
+        # offline: every shard counts; one made without the check is named, not left out
+        "unchecked_shards": total.get("unchecked_shards") or [],
+        "bars": total.get("bars") if len(set((total.get("bars") or {}).values())) > 1 else None,
     }
 
 
@@ -365,7 +368,11 @@ def to_markdown(summary: dict) -> str:
                   f"{fidelity['assistant_tokens']} assistant positions in {fidelity['rows']} rows"
                   + (f" (lowest shard {_fmt(lowest)})" if lowest is not None else "")
                   + f"; bar {fidelity['min_top1']} ({fidelity['basis']}). Every stored layer non-zero, varying over "
-                  "tokens and distinct from the others.", ""]
+                  "tokens and distinct from the others."
+                  + ("".join(f" Bar of {shard}: {bar}." for shard, bar in sorted(fidelity["bars"].items()))
+                     if fidelity.get("bars") else "")
+                  + (f" **Not checked** (made without the check): {', '.join(fidelity['unchecked_shards'])}."
+                     if fidelity.get("unchecked_shards") else ""), ""]
     data, truncation = summary["data"], summary["truncation"]
     lines += ["## Data", "", "| what | count |", "|---|---|"]
     lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]
