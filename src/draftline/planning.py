@@ -27,7 +27,7 @@ from draftline.cluster import cluster_device, jobs_leave_this_machine
 from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
-from draftline.sizing import planned_training_rows
+from draftline.sizing import gpu_overrides, planned_train_gpus, planned_training_rows
 from draftline.sources import PromptError, check_sources
 from draftline.stages.disk_estimate import (
     DiskLimit,
@@ -288,30 +288,6 @@ def planned_line(config: dict, device: str, resolved: dict, cluster_executor: st
     return f"planned for {device} (device: {config['device']}{where}): " + ", ".join(
         f"{k} {v}" for k, v in settings if k != "device"
     )
-
-
-def gpu_overrides(settings: dict) -> dict[str, int | str | None]:
-    """{rule: the `gpu` a profile or --set-resources sets (a Resource in Snakemake 9, or a plain
-    value)} as plain values: an int, None when unset, the text of an expression only the job knows
-    (e.g. "2 * attempt")."""
-    out = {}
-    for rule, gpu in settings.items():
-        value = getattr(gpu, "value", gpu)
-        try:
-            out[rule] = None if value in (None, "") else int(value)
-        except (TypeError, ValueError):
-            out[rule] = str(value)
-    return out
-
-
-def planned_train_gpus(config: dict, gpu_overrides: dict[str, int | str | None]) -> tuple[int, int]:
-    """(the train rule's own `gpu`: the Trainer's, plus the online server's; what it asks for with
-    the profile's or --set-resources' setting). The plan and docs/sizing.md's recipes table read it
-    here, so the two size the same training job."""
-    hs = config["hidden_states"]
-    default = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
-    asked = gpu_overrides.get("train")
-    return default, asked if isinstance(asked, int) else default  # an expression: checked in the job
 
 
 def check_gpu_overrides(gpu_overrides: dict, vllm_ranks: int) -> None:

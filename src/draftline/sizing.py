@@ -559,12 +559,34 @@ def recipe_config(repo: Path, preset: str) -> dict:
     return config
 
 
+def gpu_overrides(settings: dict) -> dict[str, int | str | None]:
+    """{rule: the `gpu` a profile or --set-resources sets (a Resource in Snakemake 9, or a plain
+    value)} as plain values: an int, None when unset, the text of an expression only the job knows
+    (e.g. "2 * attempt")."""
+    out = {}
+    for rule, gpu in settings.items():
+        value = getattr(gpu, "value", gpu)
+        try:
+            out[rule] = None if value in (None, "") else int(value)
+        except (TypeError, ValueError):
+            out[rule] = str(value)
+    return out
+
+
+def planned_train_gpus(config: dict, gpu_overrides: dict[str, int | str | None]) -> tuple[int, int]:
+    """(the train rule's own `gpu`: the Trainer's, plus the online server's; what it asks for with
+    the profile's or --set-resources' setting). The plan and docs/sizing.md's recipes table read it
+    here, so the two size the same training job."""
+    hs = config["hidden_states"]
+    default = 1 + (hs["online_server_gpus"] if hs["mode"] == "online" else 0)
+    asked = gpu_overrides.get("train")
+    return default, asked if isinstance(asked, int) else default  # an expression: checked in the job
+
+
 def recipe_train_gpus(repo: Path, preset: str) -> int:
     """The GPUs the recipe's train job asks for with its profile (its set-resources' `gpu`), as the
-    plan counts them (planning.planned_train_gpus)."""
+    plan counts them (planned_train_gpus)."""
     import yaml
-
-    from draftline.planning import gpu_overrides, planned_train_gpus
 
     profile = yaml.safe_load((repo / RECIPES[preset].profile / "config.yaml").read_text())
     train = (profile.get("set-resources") or {}).get("train") or {}
