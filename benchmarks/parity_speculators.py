@@ -62,12 +62,12 @@ def plan():
     import yaml
     from snakemake.utils import validate
 
-    from draftline import planning
+    from draftline import planning, sizing
 
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, schema=str(REPO / "config/schema/config.schema.yaml"))
     p = planning.plan(config, workdir=REPO, repo=REPO, executor=None, remote_exec=False,
-                      gpu_overrides=planning.gpu_overrides({}))
+                      gpu_overrides=sizing.gpu_overrides({}))
     return p, config
 
 

@@ -13,7 +13,7 @@ SRC = REPO / "src"
 # this process's sys.path (locally, in a Slurm job, in a conda env), so no PYTHONPATH (docs/DESIGN.md).
 sys.path.insert(0, str(SRC))
 
-from draftline import planning  # noqa: E402
+from draftline import planning, sizing  # noqa: E402
 from draftline.cluster import snakemake_executor  # noqa: E402
 from draftline.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
 from draftline.plan import code_hash, pinned_versions  # noqa: E402
@@ -41,7 +41,7 @@ _SET = workflow.resource_settings.overwrite_resources or {}
 _GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
 try:
     PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
-                         remote_exec=workflow.remote_exec, gpu_overrides=planning.gpu_overrides(_GPUS),
+                         remote_exec=workflow.remote_exec, gpu_overrides=sizing.gpu_overrides(_GPUS),
                          no_job=planning.no_job_command(sys.argv))
 except planning.PlanningError as error:
     raise WorkflowError(str(error)) from None

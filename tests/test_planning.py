@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from snakemake.utils import validate
 
-from draftline import planning
+from draftline import planning, sizing
 from draftline.planning import PlanningError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 def plan_for(config: dict, workdir: Path, executor: str | None = None, **gpus) -> planning.Plan:
     return planning.plan(config, workdir=workdir, repo=REPO, executor=executor, remote_exec=False,
-                         gpu_overrides=planning.gpu_overrides(gpus))
+                         gpu_overrides=sizing.gpu_overrides(gpus))
 
 
 def test_tiny_model_plans_cpu_here_and_says_so(tiny_model, workdir, capsys):
@@ -168,7 +168,7 @@ def test_gpu_overrides_are_plain_values():
     class Resource:  # Snakemake 9 wraps a setting
         value = "2 * attempt"
 
-    assert planning.gpu_overrides({"a": None, "b": "", "c": "4", "d": 3, "e": Resource()}) == \
+    assert sizing.gpu_overrides({"a": None, "b": "", "c": "4", "d": 3, "e": Resource()}) == \
         {"a": None, "b": None, "c": 4, "d": 3, "e": "2 * attempt"}
 
 

@@ -27,7 +27,7 @@ from draftline.cluster import cluster_device, jobs_leave_this_machine
 from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
-from draftline.sizing import gpu_overrides, planned_train_gpus, planned_training_rows
+from draftline.sizing import planned_train_gpus, planned_training_rows
 from draftline.sources import PromptError, check_sources
 from draftline.stages.disk_estimate import (
     DiskLimit,
