@@ -1,5 +1,5 @@
 """A vLLM CPU engine's start-up: the engine core in the job's process (draftline's choice for a
-one-rank CPU engine, draftline.engine.configure_vllm_cpu) against vLLM's default EngineCore
+one-rank CPU engine, draftline.runtime.vllm_engine.configure_vllm_cpu) against vLLM's default EngineCore
 process, paired in one run.
 
     python benchmarks/engine_start.py TARGET_DIR [--runs 5]
@@ -30,7 +30,7 @@ VARIANTS = {"in-process": {}, "EngineCore process": {"VLLM_ENABLE_V1_MULTIPROCES
 def one_engine(target: str) -> None:
     sys.path.insert(0, str(REPO / "src"))
     t0 = time.time()
-    from draftline.engine import EngineSettings, shutdown, target_llm
+    from draftline.runtime.vllm_engine import EngineSettings, shutdown, target_llm
 
     llm = target_llm(target, EngineSettings(max_model_len=1024, dtype="float32", enforce_eager=True, threads=1))
     t1 = time.time()

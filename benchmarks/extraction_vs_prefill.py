@@ -119,7 +119,7 @@ def main() -> None:
 
     from draftline.artifacts.target import dims
     from draftline.backends.vllm import Extractor, extraction_engine_kwargs, run_chunks
-    from draftline.engine import (
+    from draftline.runtime.vllm_engine import (
         EngineSettings,
         configure_vllm_cpu,
         default_dtype,

@@ -43,7 +43,7 @@ from record_run import header, header_line, this_command, write_record  # noqa: 
 
 EXTRACT = r'''
 import json, sys
-from draftline.engine import EngineSettings
+from draftline.runtime.vllm_engine import EngineSettings
 from draftline.stages.hidden_states import extract_shard
 spec = json.loads(sys.argv[1])
 manifest = extract_shard(spec["dataset"], spec["target"], spec["layer_ids"], 0, 1, spec["out"],

@@ -26,7 +26,7 @@ Stages of `run` (each timed, wall seconds, into OUT/stages.json; `--stages` pick
 - train: speculators' `train` command (`speculators.__main__.app`, `train ...`) on its own data,
   hidden states and vocabulary (built by speculators from its token_freq.pt), with the default
   config's settings (epochs, lr, total_seq_len, draft vocab, ttt steps, layers, optimizer, split,
-  seed) and the CPU shims draftline's `train_entry.apply_cpu_shims` applies (speculators 0.9.0's
+  seed) and the CPU shims draftline's `stages.train.entry.apply_cpu_shims` applies (speculators 0.9.0's
   Trainer assumes an accelerator: plain `speculators train` stops on CPU).
 - evaluate: `draftline.stages.evaluate.evaluate` on the run's test prompts with the run's settings (the
   plan of config/config.yaml), the speculators-trained last epoch as draft "trained".
@@ -62,8 +62,8 @@ def plan():
     import yaml
     from snakemake.utils import validate
 
-    from draftline import planning, sizing
-
+    from draftline.planning import plan as planning
+    from draftline.planning import sizing
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     validate(config, schema=str(REPO / "config/schema/config.schema.yaml"))
     p = planning.plan(config, workdir=REPO, repo=REPO, executor=None, remote_exec=False,
@@ -139,7 +139,7 @@ class Server:
 def train_flags(p, config: dict, data: Path, save: Path) -> list[str]:
     """speculators' train flags: speculators' own data, states and vocabulary; the default
     config's settings (draftline.stages.train.args passes the same values)."""
-    from draftline.plan import resolve_optimizer
+    from draftline.planning.rule_params import resolve_optimizer
 
     t = config["train"]
     layers = json.loads((REPO / "results/target/layer_ids.json").read_text())
@@ -168,7 +168,7 @@ def train_flags(p, config: dict, data: Path, save: Path) -> list[str]:
 
 SHIM = """
 import sys
-from draftline.stages.train_entry import apply_cpu_shims
+from draftline.stages.train.entry import apply_cpu_shims
 apply_cpu_shims()
 from speculators.__main__ import app
 sys.argv = ["speculators", "train", *sys.argv[1:]]
@@ -398,7 +398,7 @@ def record(args) -> None:
          rate(dl_data["tokens"], sec.get("tokenize")), "done"),
         ("draftline", "hidden states (2 shards at once; wall of the longer, vLLM engine start included)", max(shards.values()),
          rate(dl_data["tokens"], max(shards.values())), "done"),
-        ("draftline", "train (speculators' Trainer, draftline.stages.train_entry)",
+        ("draftline", "train (speculators' Trainer, draftline.stages.train.entry)",
          *training(dl_steps, sec.get("train"), (REPO / "results/checkpoint/final").is_dir())),
         ("draftline", "evaluate (every set, trained and untrained drafts, target alone)", sec.get("evaluate"), None,
          "done" if sec.get("evaluate") else "not run"),

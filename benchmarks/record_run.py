@@ -2,7 +2,7 @@
 
 Every benchmark that writes a record (benchmarks/results/NAME.json and .md) takes its header
 from here: `header()` (the command, the commit with the paths that differ from it, the
-versions through `draftline.versions.package_versions`, the machine, the load at the start,
+versions through `draftline.lineage.versions.package_versions`, the machine, the load at the start,
 the date), `header_line()` for the page, `load()` for a load log's window, and `write_record()`
 (each file written whole).
 
@@ -36,8 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from draftline.atomic import atomic_file  # noqa: E402
-from draftline.versions import package_versions  # noqa: E402
+from draftline.lineage.versions import package_versions  # noqa: E402
+from draftline.runtime.atomic import atomic_file  # noqa: E402
 
 # ---------------------------------------------------------------- the harness every benchmark uses
 #
@@ -62,7 +62,7 @@ def git_commit(*paths: str) -> str | None:
 
 
 def versions(*packages: str) -> dict:
-    """Python's version and each installed distribution's (`draftline.versions.package_versions`)."""
+    """Python's version and each installed distribution's (`draftline.lineage.versions.package_versions`)."""
     return {"python": platform.python_version(), **package_versions(packages)}
 
 

@@ -31,7 +31,7 @@ STEP = r'''
 import json, sys, time
 from pathlib import Path
 step, root, shards = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-from draftline.shards import ShardJob
+from draftline.runtime.shards import ShardJob
 from draftline.stages.regenerate import RegenerateSettings, merge_shards, regenerate_shard, write_answer_settings
 t0 = time.perf_counter()
 if step == "settings":

@@ -6,7 +6,7 @@ Run by `./draftline` with the environment's own Python and the lock it would ins
 every draftline job imports must import (else exit 1, naming them); every other pin that differs
 or is missing is listed, not refused (a cluster's module may carry its own builds). The versions
 each step's results depend on (vLLM, torch, transformers, speculators) are checked again by each
-job against the pins it was planned with (draftline.plan.check_job_environment): set
+job against the pins it was planned with (draftline.planning.rule_params.check_job_environment): set
 DRAFTLINE_GPU_LOCKFILE to the lock whose pins this environment has. Standard library only.
 """
 

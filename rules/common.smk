@@ -1,4 +1,4 @@
-# Config validation, the plan (draftline.planning), paths and small input functions shared by the rules.
+# Config validation, the plan (draftline.planning.plan), paths and small input functions shared by the rules.
 
 import sys
 from pathlib import Path
@@ -13,10 +13,12 @@ SRC = REPO / "src"
 # this process's sys.path (locally, in a Slurm job, in a conda env), so no PYTHONPATH (docs/DESIGN.md).
 sys.path.insert(0, str(SRC))
 
-from draftline import planning, sizing  # noqa: E402
-from draftline.cluster import snakemake_executor  # noqa: E402
-from draftline.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
-from draftline.plan import code_hash, pinned_versions  # noqa: E402
+from draftline.planning import plan as planning  # noqa: E402
+
+from draftline.planning import sizing
+from draftline.planning.cluster import snakemake_executor  # noqa: E402
+from draftline.planning.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
+from draftline.planning.rule_params import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
 if "heldout" in (config.get("prompts") or {}):
@@ -35,7 +37,7 @@ except WorkflowError as error:
     raise WorkflowError(validation_error(error, _COMMAND_LINE)) from None
 
 
-# Decided here, not inside jobs, so they are params and decide staleness (draftline.planning). The
+# Decided here, not inside jobs, so they are params and decide staleness (draftline.planning.plan). The
 # `gpu` a profile or --set-resources sets per rule is passed as plain values.
 _SET = workflow.resource_settings.overwrite_resources or {}
 _GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
@@ -79,7 +81,7 @@ wildcard_constraints:
 
 def code(*modules, script):
     """A param: the content hash of scripts/<script>.py and of the draftline modules the step runs
-    with all they import (draftline.plan.code_hash). Bookkeeping (provenance, devices, logs) is not
+    with all they import (draftline.planning.rule_params.code_hash). Bookkeeping (provenance, devices, logs) is not
     listed: a fix there changes no artifact and must not rerun hours of GPU work."""
     return code_hash(SRC, tuple(modules), REPO / "scripts" / f"{script}.py")
 

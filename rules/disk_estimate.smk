@@ -19,7 +19,7 @@ rule hidden_states_disk_estimate:
         "../envs/gpu.yaml"
     threads: 1
     params:
-        code=code("stages.disk_estimate", "checks", script="disk_estimate"),
+        code=code("stages.disk_estimate", "planning.config_checks", script="disk_estimate"),
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,
         dtype=RESOLVED["engine"]["dtype"],

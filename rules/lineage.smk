@@ -20,6 +20,6 @@ rule lineage:
     conda:
         "../envs/gpu.yaml"
     params:
-        code=code("provenance", script="lineage"),
+        code=code("lineage.provenance", script="lineage"),
     script:
         "../scripts/lineage.py"

@@ -34,7 +34,7 @@ rule train:
         gpu=TRAIN_GPUS,
         nodes=ONE_NODE,
     params:
-        code=code("stages.train", "stages.train_entry", script="train"),
+        code=code("stages.train", "stages.train.entry", script="train"),
         train=config["train"],
         target=TARGET_IDENTITY,
         target_dir=TARGET_PATH,

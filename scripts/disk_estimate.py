@@ -1,7 +1,7 @@
 """Estimate the hidden states' disk use before extraction; stop at hidden_states.max_disk_gb."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.disk_estimate import Extraction, write_estimate
 
 if __name__ == "__main__":

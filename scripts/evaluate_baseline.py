@@ -1,10 +1,10 @@
 """Acceptance of an untrained draft of the same config on the headline set in vLLM, the
 baseline (see draftline.stages.evaluate)."""
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
-from draftline.plan import check_job_environment
-from draftline.provenance import sidecar, write_provenance
+from draftline.lineage.provenance import sidecar, write_provenance
+from draftline.planning.rule_params import check_job_environment
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 from draftline.stages.evaluate import EvaluateSettings, evaluate_baseline, make_untrained_draft
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -26,7 +26,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         {"test": snakemake.input.test, "validation": snakemake.input.validation},  # the first with prompts
         snakemake.output.untrained,
         snakemake.output.acceptance,
-        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings)
             EvaluateSettings,
             num_speculative_tokens=snakemake.params.num_speculative_tokens,
             max_new_tokens=snakemake.params.max_new_tokens,

@@ -1,7 +1,7 @@
 """results/eval/acceptance.json from the per-set records and the baseline's (see draftline.stages.evaluate_merge)."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.evaluate_merge import merge
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Acceptance of the final draft on one prompt set in vLLM (see draftline.stages.evaluate)."""
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
-from draftline.plan import check_job_environment
-from draftline.provenance import sidecar, write_provenance
+from draftline.lineage.provenance import sidecar, write_provenance
+from draftline.planning.rule_params import check_job_environment
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 from draftline.stages.evaluate import EvaluateSettings, evaluate_set
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -17,7 +17,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         (snakemake.wildcards.prompt_set, snakemake.params.source),
         ("trained", snakemake.input.draft),
         snakemake.output.acceptance,
-        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings)
             EvaluateSettings,
             num_speculative_tokens=snakemake.params.num_speculative_tokens,
             max_new_tokens=snakemake.params.max_new_tokens,

@@ -2,11 +2,11 @@
 
 from dataclasses import replace
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
-from draftline.plan import check_job_environment
-from draftline.provenance import write_provenance
-from draftline.shards import ShardJob
+from draftline.lineage.provenance import write_provenance
+from draftline.planning.rule_params import check_job_environment
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
+from draftline.runtime.shards import ShardJob
 from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """One symlink per dataset row into the shard that holds it: the folder the Trainer reads."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.hidden_states import build_training_view
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 import logging
 
 from draftline.artifacts import layer_ids
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.layer_ids import resolve_layer_ids
 
 if __name__ == "__main__":

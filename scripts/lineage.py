@@ -1,12 +1,12 @@
 """Write results/lineage.json: the chain of jobs behind the final checkpoint, its evaluation and
-the report's plots (see draftline.provenance)."""
+the report's plots (see draftline.lineage.provenance)."""
 
 import json
 import logging
 
-from draftline.atomic import atomic_file
-from draftline.logs import log_to
-from draftline.provenance import build_lineage
+from draftline.lineage.provenance import build_lineage
+from draftline.runtime.atomic import atomic_file
+from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

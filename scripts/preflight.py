@@ -5,8 +5,8 @@ import logging
 import sys
 from pathlib import Path
 
-from draftline.logs import log_to
 from draftline.preflight import PreflightFailed, verdict
+from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

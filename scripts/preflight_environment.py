@@ -1,8 +1,8 @@
 """Preflight, environment part: the GPU node against the plan (see draftline.preflight)."""
 
-from draftline.devices import GpuClaimError, claim_gpus
-from draftline.logs import log_to
 from draftline.preflight import EnvironmentPlan, run_environment
+from draftline.runtime.devices import GpuClaimError, claim_gpus
+from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

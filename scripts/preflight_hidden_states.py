@@ -3,9 +3,9 @@ fidelity check (see draftline.preflight)."""
 
 from dataclasses import replace
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
 from draftline.preflight import Part, run_hidden_states
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
     log_to(snakemake.log[0])

@@ -1,9 +1,9 @@
 """Preflight, regeneration part: the target in vLLM, a few prompts answered, decoded and tokenized
 by the stages' own code (see draftline.preflight)."""
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
 from draftline.preflight import Part, PreflightSettings, RegenerationStages, run_regenerate
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 from draftline.stages.evaluate import EvaluateSettings
 from draftline.stages.regenerate import RegenerateSettings
 from draftline.stages.tokenize import TokenizeSettings
@@ -12,7 +12,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     log_to(snakemake.log[0])
     claim_gpus(snakemake.resources.get("gpu", 0))  # before CUDA starts: Slurm's GPUs, or a free local slot
     p = snakemake.params
-    # the run's vLLM settings (draftline.engine.engine_settings) with the job's threads
+    # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings) with the job's threads
     template = dict(chat_template=p.chat_template, chat_template_kwargs=p.chat_template_kwargs, threads=snakemake.threads)
     run_regenerate(
         Part(str(p.target_dir), snakemake.input.environment, snakemake.output[0], snakemake.log[0]),

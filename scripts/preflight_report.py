@@ -2,7 +2,7 @@
 (see draftline.artifacts.preflight)."""
 
 from draftline.artifacts.preflight import assemble, write_report
-from draftline.logs import log_to
+from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])

@@ -1,9 +1,9 @@
 """Preflight, speculative part: an untrained draft of the run's config in vLLM's speculative
 decoding, lossless against the target's greedy outputs (see draftline.preflight)."""
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
 from draftline.preflight import Part, run_speculative
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 from draftline.stages.evaluate import EvaluateSettings
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -13,7 +13,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
     run_speculative(
         Part(str(p.target_dir), snakemake.input.regenerate, snakemake.output[0], snakemake.log[0]),
         snakemake.input.config,
-        p.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+        p.engine.stage(  # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings)
             EvaluateSettings,
             num_speculative_tokens=p.evaluate["num_speculative_tokens"],
             max_new_tokens=p.evaluate["max_new_tokens"],

@@ -1,7 +1,7 @@
 """Read, validate, de-duplicate and split the prompt sources (see draftline.stages.prompts)."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.prompts import PromptFiles, PromptsSettings, build_prompts
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Answer one shard of the prompts with the target, resuming from staged chunks (see draftline.stages.regenerate)."""
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
-from draftline.plan import check_job_environment
-from draftline.provenance import write_provenance
-from draftline.shards import ShardJob
+from draftline.lineage.provenance import write_provenance
+from draftline.planning.rule_params import check_job_environment
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
+from draftline.runtime.shards import ShardJob
 from draftline.stages.regenerate import RegenerateSettings, regenerate_shard
 
 if __name__ == "__main__":  # vLLM spawns worker processes that re-import this file
@@ -18,7 +18,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         snakemake.input.conversations,
         snakemake.input.settings,
         ShardJob(int(snakemake.wildcards.shard), snakemake.params.num_shards, snakemake.output[0]),
-        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.engine.engine_settings)
+        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings)
             RegenerateSettings,
             max_new_tokens=snakemake.params.max_new_tokens,
             temperature=snakemake.params.temperature,

@@ -1,7 +1,7 @@
 """Merge the regeneration shards in the prompts file's order (see draftline.stages.regenerate)."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.regenerate import merge_shards
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Write results/regenerated/settings.json: what decides the answers and its hash (see draftline.stages.regenerate)."""
 
-from draftline.logs import log_to
-from draftline.provenance import sidecar, write_provenance
+from draftline.lineage.provenance import sidecar, write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.regenerate import write_answer_settings
 
 if __name__ == "__main__":

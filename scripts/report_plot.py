@@ -1,7 +1,7 @@
 """One plot for `snakemake --report` (params.plot names it; see draftline.stages.report)."""
 
-from draftline.logs import log_to
-from draftline.provenance import sidecar, write_provenance
+from draftline.lineage.provenance import sidecar, write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages import report
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Write the speculator config.json the Trainer starts from (see draftline.stages.speculator_config)."""
 
 from draftline.algorithms import DraftSettings
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.speculator_config import write_speculator_config
 
 if __name__ == "__main__":

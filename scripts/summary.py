@@ -3,7 +3,7 @@
 from dataclasses import asdict
 from pathlib import Path
 
-from draftline.logs import log_to
+from draftline.runtime.logs import log_to
 from draftline.stages.summary import build_summary, write_summary
 
 if __name__ == "__main__":

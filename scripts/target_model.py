@@ -3,8 +3,8 @@
 import dataclasses
 from pathlib import Path
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.target_model import build_target, resolve_target
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Conversations -> speculators' arrow dataset with assistant-only loss masks (see draftline.stages.tokenize)."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.tokenize import TokenizeSettings, tokenize
 
 if __name__ == "__main__":

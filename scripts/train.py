@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 
-from draftline.devices import claim_gpus
-from draftline.logs import log_to
-from draftline.plan import check_job_environment
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.planning.rule_params import check_job_environment
+from draftline.runtime.devices import claim_gpus
+from draftline.runtime.logs import log_to
 from draftline.stages.train import TrainInputs, TrainJob, TrainSettings, check_world_size, train
 
 if __name__ == "__main__":

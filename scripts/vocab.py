@@ -1,7 +1,7 @@
 """Build the draft vocabulary maps d2t/t2d from assistant-token frequencies (see draftline.stages.vocab)."""
 
-from draftline.logs import log_to
-from draftline.provenance import write_provenance
+from draftline.lineage.provenance import write_provenance
+from draftline.runtime.logs import log_to
 from draftline.stages.vocab import write_vocab
 
 if __name__ == "__main__":

@@ -10,16 +10,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 # vLLM CPU: a small KV cache is plenty for the tiny model and keeps parallel tests cheap.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-# The plans' shared hash cache (draftline.target_hashes) of this test session, not the user's.
+# The plans' shared hash cache (draftline.lineage.target_hash_cache) of this test session, not the user's.
 os.environ.setdefault("DRAFTLINE_CACHE_DIR", tempfile.mkdtemp(prefix="draftline-test-cache-"))
 
 
 @pytest.fixture(autouse=True)
 def _own_environment():
     """Each test's changes to os.environ stay with it: an engine built in the test process
-    (draftline.engine.configure_vllm_cpu, vLLM's own imports) sets variables that every later
+    (draftline.runtime.vllm_engine.configure_vllm_cpu, vLLM's own imports) sets variables that every later
     subprocess (snakemake, a server) would otherwise inherit."""
-    from draftline import engine
+    from draftline.runtime import vllm_engine as engine
 
     saved, set_here = dict(os.environ), dict(engine._set_here)
     yield

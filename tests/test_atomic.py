@@ -1,4 +1,4 @@
-"""Atomic publishing (draftline.atomic): a kill at any point leaves the old folder or the new one
+"""Atomic publishing (draftline.runtime.atomic): a kill at any point leaves the old folder or the new one
 under the final name, or both under names the next publish puts right; never neither."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from draftline import atomic
+from draftline.runtime import atomic
 
 
 def _folder(path, text):

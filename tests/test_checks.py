@@ -1,5 +1,5 @@
 """Config checks against the target's shape, the disk estimate, and hidden-state checks before
-training (draftline.checks, draftline.stages.disk_estimate); fast, no engines."""
+training (draftline.planning.config_checks, draftline.stages.disk_estimate); fast, no engines."""
 
 import json
 import re
@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.hidden_states import validate_hidden_states
 from draftline.artifacts.layer_ids import LayerIds
-from draftline.checks import (
+from draftline.planning.config_checks import (
     EMBEDDED_SHAPE,
     ConfigError,
     TargetShape,
@@ -21,7 +21,7 @@ from draftline.checks import (
     shape_from_config,
     target_shape,
 )
-from draftline.engine import EngineSettings
+from draftline.runtime.vllm_engine import EngineSettings
 from draftline.stages import hidden_states as hs
 from draftline.stages.disk_estimate import (
     DiskLimit,

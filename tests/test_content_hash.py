@@ -1,4 +1,4 @@
-"""The one fingerprint (draftline.content_hash) of files above its content limit: an in-place
+"""The one fingerprint (draftline.lineage.content_hash) of files above its content limit: an in-place
 rewrite that restores size and mtime is still seen, and with a hash cache a big file is read once
 per version and fingerprinted by its bytes."""
 
@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from draftline import content_hash
-from draftline.content_hash import HashCache, digest, fingerprint
+from draftline.lineage import content_hash
+from draftline.lineage.content_hash import HashCache, digest, fingerprint
 
 BIG = 3 << 20  # above the always-read size (1 MiB); the tests lower the content limit below it
 LIMIT = 1 << 20

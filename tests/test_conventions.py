@@ -108,7 +108,7 @@ def test_conda_env_pins_what_the_gpu_lock_pins():
     environment's Python and its pip list are the lock of that Python, pin for pin."""
     env = yaml.safe_load((REPO / "envs/gpu.yaml").read_text())
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
-    from draftline.plan import gpu_locks
+    from draftline.planning.rule_params import gpu_locks
 
     default_lock = gpu_locks(REPO)[0]  # envs/gpu.yaml is the default GPU lock's
     lock = REPO / f"requirements/gpu-{default_lock}-py{python.split('=')[1]}.lock.txt"

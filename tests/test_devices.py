@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline import devices
-from draftline.devices import GpuClaimError, claim_gpus
+from draftline.runtime import devices
+from draftline.runtime.devices import GpuClaimError, claim_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from draftline.devices import claim_gpus
+    from draftline.runtime.devices import claim_gpus
     got = claim_gpus(int(sys.argv[1]), poll_s=0.1)
     print(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), flush=True)
     while not Path(sys.argv[2]).exists():

@@ -97,19 +97,19 @@ def test_readme_is_a_front_door():
 
 def test_the_sizing_pages_tables_are_what_the_sizing_code_prints():
     """docs/sizing.md's tables (per 100 M tokens on H200s and H100s, the recipes) are generated
-    from draftline.sizing's constants and the presets: a changed rate or preset changes the page in
+    from draftline.planning.sizing's constants and the presets: a changed rate or preset changes the page in
     the same commit, never a figure typed twice."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     text = (REPO / "docs" / "sizing.md").read_text()
     block = text.split("<!-- sizing tables:", 1)[1].split("-->", 1)[1].split("<!-- end of sizing tables -->", 1)[0]
-    assert block.strip() == sizing.docs_tables(REPO).strip(), "run: PYTHONPATH=src python -m draftline.sizing"
+    assert block.strip() == sizing.docs_tables(REPO).strip(), "run: PYTHONPATH=src python -m draftline.planning.sizing"
 
 
 def test_the_sizing_page_quotes_the_sizing_codes_constants():
-    """docs/sizing.md's "what is measured" table and formulas name draftline.sizing's constants
+    """docs/sizing.md's "what is measured" table and formulas name draftline.planning.sizing's constants
     with their values: a constant changed in the code fails here until the page says the same."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     text = (REPO / "docs" / "sizing.md").read_text()
     quoted = [
@@ -138,11 +138,11 @@ def test_the_settings_tables_defaults_are_the_schemas_and_the_configs():
     the table names has a default in the schema."""
     import yaml
 
-    from draftline import config_schema
+    from draftline.planning import config_schema
 
     page = (REPO / "docs" / "configuration.md").read_text()
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    assert page == config_schema.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.config_schema"
+    assert page == config_schema.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.planning.config_schema"
     # the column follows a change: config.yaml's epochs shown beside the schema's
     changed = config_schema.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
     assert "| `train.epochs`, `lr`, `optimizer` | 3 (config.yaml: 9), 0.001, auto |" in changed
@@ -155,7 +155,7 @@ def test_the_cluster_page_quotes_the_versions_and_profile_values_of_the_files_it
 
     text = (REPO / "docs" / "cluster.md").read_text()
     pins = {}
-    from draftline.plan import gpu_locks
+    from draftline.planning.rule_params import gpu_locks
 
     for kind, lock in (("GPU", f"gpu-{gpu_locks(REPO)[0]}-py3.11.lock.txt"), ("CPU", "cpu.lock.txt")):
         found = re.search(r"^snakemake-executor-plugin-slurm==(\S+)$", (REPO / "requirements" / lock).read_text(), re.M)

@@ -1,5 +1,5 @@
 """Which environment ./draftline builds (DRAFTLINE_ENV), and the check at the start of every GPU
-job that its torch build matches its device (draftline.plan.check_job_environment).
+job that its torch build matches its device (draftline.planning.rule_params.check_job_environment).
 
 These tests read which pinned list ./draftline would install from the line it prints before
 installing, with a Python that stops right there; tests/test_gpu_environment.py builds the GPU
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from draftline import plan
-from draftline.plan import PlanError, check_job_environment
+from draftline.planning import rule_params as plan
+from draftline.planning.rule_params import PlanError, check_job_environment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_a_cpu_plan_from_a_gpu_less_login_node_stops_on_a_gpu_node(node, caplog)
     with pytest.raises(PlanError, match=r"device: auto.*offers GPUs 0,1.*plan with device: cuda"):
         check_job_environment({"device": "cpu"}, setting="auto")
     # device: cpu chosen on purpose runs, and says so in the job's log
-    with caplog.at_level(logging.INFO, logger="draftline.plan"):
+    with caplog.at_level(logging.INFO, logger="draftline.planning.rule_params"):
         check_job_environment({"device": "cpu"}, setting="cpu")
     assert "computing on the CPU with torch 2.13.0+cpu although this node offers GPUs 0,1" in caplog.text
 

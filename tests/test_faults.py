@@ -319,10 +319,10 @@ def test_remote_code_only_from_the_config():
 NOT_FINAL = {
     ("target_model.py", "write_chat_template"), ("target_model.py", "_clean_tokenizer_config"),
     ("target_model.py", "_write_provenance"), ("checkpoints.py", "open_run"), ("hidden_states.py", "extract_shard"),
-    ("train_entry.py", "emit"),
+    ("entry.py", "emit"),
     # the per-user cache of target hashes (no output; save() writes a temporary file, then renames),
     # saved by the plan once it identified the target
-    ("target_hashes.py", "_locked"), ("target_hashes.py", "hash_ahead"), ("planning.py", "_resolve_target"),
+    ("target_hash_cache.py", "_locked"), ("target_hash_cache.py", "hash_ahead"), ("plan.py", "_resolve_target"),
 }
 WRITES = {"write_text", "write_bytes", "save", "save_file", "save_to_disk", "save_pretrained", "dump"}
 

@@ -325,7 +325,7 @@ def test_online_states_are_checked_before_the_trainer_starts(tiny, greedy_datase
     from datasets import Dataset
 
     from draftline.backends.vllm_server import ServerSettings, VllmServer
-    from draftline.engine import EngineSettings
+    from draftline.runtime.vllm_engine import EngineSettings
     from draftline.stages.train import HiddenStateSource, TrainInputs, check_online_fidelity
 
     rng = random.Random(0)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from workflow import REPO, copy_workflow
 
-from draftline.plan import gpu_locks
+from draftline.planning.rule_params import gpu_locks
 
 pytestmark = pytest.mark.gpu_env
 

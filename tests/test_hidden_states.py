@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from draftline.artifacts import hidden_states as hsf
 from draftline.artifacts.layer_ids import LayerIds
-from draftline.engine import EngineSettings
+from draftline.runtime.vllm_engine import EngineSettings
 from draftline.stages import hidden_states as hs
 from draftline.stages.layer_ids import resolve_layer_ids
 
@@ -185,7 +185,7 @@ def test_staging_key_follows_every_setting_the_rule_follows(tiny_model):
     """What changes the shard rule's params changes the staging key; what changes only speed does not."""
     from dataclasses import replace
 
-    from draftline.engine import OUTPUT_FIELDS
+    from draftline.runtime.vllm_engine import OUTPUT_FIELDS
 
     base = _key(tiny_model)
     assert base == _key(tiny_model)

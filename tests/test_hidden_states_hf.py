@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from draftline.artifacts import hidden_states as hsf
 from draftline.backends.transformers import batches
-from draftline.engine import EngineSettings
+from draftline.runtime.vllm_engine import EngineSettings
 from draftline.stages import hidden_states as hs
 from draftline.stages.layer_ids import resolve_layer_ids
 

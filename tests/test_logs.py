@@ -1,4 +1,4 @@
-"""A job's log (draftline.logs.log_to): the lines vLLM, torch and speculators print on draftline's
+"""A job's log (draftline.runtime.logs.log_to): the lines vLLM, torch and speculators print on draftline's
 path that mean nothing is wrong are left out; a real error or warning is kept."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = textwrap.dedent("""
     import logging, sys, warnings
     sys.path.insert(0, sys.argv[2])
-    from draftline.logs import log_to
+    from draftline.runtime.logs import log_to
     log_to(sys.argv[1])
     cpu = logging.getLogger("vllm.v1.worker.cpu_worker")
     cpu.warning("%s is not found in LD_PRELOAD. For best performance, please follow ...", "libtcmalloc")

@@ -36,8 +36,8 @@ from draftline.backends.vllm_server import (
     server_command,
     server_env,
 )
-from draftline.engine import EngineSettings, engine_settings
-from draftline.plan import resolved_settings
+from draftline.planning.rule_params import resolved_settings
+from draftline.runtime.vllm_engine import EngineSettings, engine_settings
 from draftline.stages.train import check_world_size, split_devices, split_threads
 
 SERVER_PIDS = re.compile(r"server pid (\d+) \(process group of its own\)")
@@ -356,7 +356,7 @@ def test_the_trainer_waits_for_a_slow_write_longer_than_hs_connectors_10_s(tmp_p
     import hs_connectors.transfer as transfer
     import speculators.train.dataloader as dataloader
 
-    from draftline.stages import train_entry
+    from draftline.stages.train import entry as train_entry
 
     monkeypatch.setattr(transfer, "wait_for_lock", transfer.wait_for_lock)
     monkeypatch.setattr(dataloader, "_worker_init_fn", dataloader._worker_init_fn)

@@ -1,4 +1,4 @@
-"""The run's plan (draftline.planning) without Snakemake: what rules/common.smk gets from the config
+"""The run's plan (draftline.planning.plan) without Snakemake: what rules/common.smk gets from the config
 and prints before the first job, on the tiny model, here (cpu) and for a Slurm executor (cuda)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from snakemake.utils import validate
 
-from draftline import planning, sizing
-from draftline.planning import PlanningError
+from draftline.planning import plan as planning
+from draftline.planning import sizing
+from draftline.planning.plan import PlanningError
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "config" / "schema" / "config.schema.yaml"
@@ -237,8 +238,8 @@ def test_an_executor_whose_plugin_is_missing_or_fails_to_load_stops_the_plan_nam
     """Counted as local, a cluster run would be planned for this machine's device."""
     from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
-    from draftline.cluster import jobs_leave_this_machine
-    from draftline.plan import PlanError
+    from draftline.planning.cluster import jobs_leave_this_machine
+    from draftline.planning.rule_params import PlanError
 
     with pytest.raises(PlanError, match=r"executor 'nosuch': snakemake-executor-plugin-nosuch is not installed .*"
                                         r"installed executors: .*local"):

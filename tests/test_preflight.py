@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftline import plan, preflight, sizing
+from draftline import preflight
 from draftline.artifacts import preflight as report_file
 from draftline.artifacts.preflight import FAIL, NOT_RUN, PASS
+from draftline.planning import rule_params as plan
+from draftline.planning import sizing
 from draftline.preflight import EnvironmentPlan, Node, TargetFacts, environment_checks
 
 GB = 1024**3

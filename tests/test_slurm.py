@@ -168,7 +168,7 @@ def test_gpu_jobs_got_a_gpu_from_slurm(slurm_run):
     logs = [workdir / "logs/hidden_states/shard_0.log", workdir / "logs/hidden_states/shard_1.log",
             workdir / "logs/train.log"]
     for log in logs:
-        # written by draftline.devices inside the job, from the job's own environment
+        # written by draftline.runtime.devices inside the job, from the job's own environment
         found = re.findall(r"Slurm job (\d+): CUDA_VISIBLE_DEVICES=(\S+) \(set by Slurm\)", log.read_text())
         assert len(found) == 1, log
         assert found[0][1] in {"0", "1"}, (log, found)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from draftline.content_hash import HashCache
+from draftline.lineage.content_hash import HashCache
 from draftline.stages.target_model import (
     EMBEDDED_NAME,
     PROVENANCE_FILE,
@@ -301,7 +301,7 @@ def test_local_identity_is_the_same_for_a_copy_elsewhere(tiny_model, tmp_path):
 
 def test_local_identity_reads_big_files_once(tiny_model, tmp_path, monkeypatch):
     """A re-plan costs stat calls for the weights, not a read of them."""
-    import draftline.content_hash as content_hash
+    import draftline.lineage.content_hash as content_hash
 
     spec = resolve_target(str(tiny_model), repo_root=tmp_path)
     cache = HashCache(tmp_path / "hash_cache.json")
@@ -451,7 +451,7 @@ def test_embedded_materializes_smollm2(embedded):
 @pytest.mark.slow
 def test_embedded_shape_used_before_materializing_matches_the_folder(embedded):
     """The parse-time checks use a known shape for the embedded model before it exists."""
-    from draftline.checks import EMBEDDED_SHAPE, shape_from_config
+    from draftline.planning.config_checks import EMBEDDED_SHAPE, shape_from_config
 
     got = shape_from_config(embedded / "config.json")
     assert got == EMBEDDED_SHAPE.__class__(**{**EMBEDDED_SHAPE.__dict__, "source": got.source})
@@ -504,14 +504,14 @@ def test_default_prompts_are_valid_and_distinct():
     assert multi_turn >= 15
 
 
-# --- the plan's hashes of a local target, shared by run folders (draftline.target_hashes) -------
+# --- the plan's hashes of a local target, shared by run folders (draftline.lineage.target_hash_cache) -------
 
 
 def test_a_second_run_folder_hashes_nothing_the_first_one_hashed(tiny_model, tmp_path, monkeypatch):
     """Two run folders planning the same local target: the big files are read by the first plan
     only (the user's cache holds them); a file rewritten in place is read again."""
-    from draftline import target_hashes
-    from draftline.target_hashes import SharedHashCache, local_target_files
+    from draftline.lineage import target_hash_cache as target_hashes
+    from draftline.lineage.target_hash_cache import SharedHashCache, local_target_files
 
     read = []
     real = target_hashes._sha256
@@ -539,8 +539,8 @@ def test_a_second_run_folder_hashes_nothing_the_first_one_hashed(tiny_model, tmp
 
 
 def test_hashing_a_big_target_says_so_with_its_progress(tmp_path, monkeypatch):
-    from draftline import target_hashes
-    from draftline.content_hash import digest_folder
+    from draftline.lineage import target_hash_cache as target_hashes
+    from draftline.lineage.content_hash import digest_folder
 
     folder = tmp_path / "target"
     folder.mkdir()

@@ -260,7 +260,7 @@ def test_missing_hidden_states_are_reported_before_training(train_inputs, tmp_pa
 
 
 def test_optimizer_auto_is_adamw_on_cpu_and_muon_on_cuda():
-    from draftline.plan import resolve_optimizer
+    from draftline.planning.rule_params import resolve_optimizer
 
     assert resolve_optimizer("auto", cuda=False) == "adamw"
     assert resolve_optimizer("auto", cuda=True) == "muon"
@@ -308,7 +308,7 @@ def test_changing_a_setting_starts_a_new_run_and_removes_the_old_one(train_input
 
 
 def test_loader_workers_and_fsdp_reach_speculators_without_changing_the_run_key(tmp_path):
-    from draftline.plan import resolve_num_workers
+    from draftline.planning.rule_params import resolve_num_workers
     from draftline.stages.train import TrainerOptions, TrainInputs, TrainSettings, run_key, speculators_args
 
     assert resolve_num_workers("auto", cuda=False) == 0
@@ -374,7 +374,7 @@ def test_step_checkpoints_resume_mid_epoch_and_are_never_published(tmp_path):
 
 
 def test_progress_counts_steps_from_one_with_the_time_left():
-    from draftline.stages.train_entry import MetricsRecorder
+    from draftline.stages.train.entry import MetricsRecorder
 
     recorder = MetricsRecorder(None)
     assert recorder.where(0, 100.0) == "step 1"  # before the Trainer tells the step counts
@@ -395,7 +395,7 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
     from draftline.stages.train import name_verifier_in_run_records
 
     local = tmp_path / "models" / "tiny model"
-    entry = tmp_path / "checkout/src/draftline/stages/train_entry.py"
+    entry = tmp_path / "checkout/src/draftline/stages/train/entry.py"
     argv = [str(entry), "--verifier-name-or-path", str(local), "--data-path", "results/tokenized/dataset"]
     (tmp_path / "train_command.txt").write_text(f"# Timestamp: now\n# speculators: 0.9.0\n{shlex.join(argv)}\n")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"train": {"verifier": {"verifier_name_or_path": str(local)},
@@ -404,7 +404,7 @@ def test_the_published_run_records_name_the_verifier_and_rerun_from_any_checkout
 
     lines = (tmp_path / "train_command.txt").read_text().splitlines()
     assert lines[:2] == ["# Timestamp: now", "# speculators: 0.9.0"] and lines[2].startswith("# draftline: ")
-    assert shlex.split(lines[3]) == ["python", "-m", "draftline.stages.train_entry", "--verifier-name-or-path",
+    assert shlex.split(lines[3]) == ["python", "-m", "draftline.stages.train.entry", "--verifier-name-or-path",
                                      "acme/Target-8B", "--data-path", "results/tokenized/dataset"]
     record = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert record == {"train": {"verifier": {"verifier_name_or_path": "acme/Target-8B"}, "epochs": 2}}

@@ -193,7 +193,7 @@ def test_tiny_chain_job_logs_leave_out_repeated_noise(tiny_run):
     job logs leave both out (logs.NOISE, train.TRAINER_NOISE) and keep draftline's progress."""
     import re
 
-    from draftline.logs import NOISE
+    from draftline.runtime.logs import NOISE
     from draftline.stages.train import TRAINER_NOISE
 
     # the server log is the vLLM server's own output (online mode), not a job's log

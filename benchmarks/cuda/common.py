@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 import record_run  # noqa: E402
 
-from draftline.atomic import atomic_file  # noqa: E402
+from draftline.runtime.atomic import atomic_file  # noqa: E402
 
 log = logging.getLogger("bench")
 

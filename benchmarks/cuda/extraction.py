@@ -12,8 +12,8 @@ from common import log, summarize, sync
 
 
 def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:
-    from draftline.engine import EngineSettings
-    from draftline.shards import ShardJob
+    from draftline.runtime.shards import ShardJob
+    from draftline.runtime.vllm_engine import EngineSettings
     from draftline.stages.hidden_states import ExtractionSettings, build_training_view, extract_shard
 
     t0 = time.perf_counter()
@@ -106,8 +106,8 @@ def extraction_variants(work: Path, target: Path, batch_tokens: int, rounds: int
 
     import draftline.backends.transformers as hf
     from draftline.artifacts import layer_ids as layer_ids_file
-    from draftline.engine import EngineSettings
-    from draftline.shards import ShardJob
+    from draftline.runtime.shards import ShardJob
+    from draftline.runtime.vllm_engine import EngineSettings
     from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     layer_ids = layer_ids_file.read(work / "layer_ids.json")

@@ -34,9 +34,9 @@ def extract_calls_main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s calls %(name)s %(message)s")
     import draftline.backends.transformers as hf
-    from draftline.devices import claim_gpus
-    from draftline.engine import EngineSettings
-    from draftline.shards import ShardJob
+    from draftline.runtime.devices import claim_gpus
+    from draftline.runtime.shards import ShardJob
+    from draftline.runtime.vllm_engine import EngineSettings
     from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     t_imp = time.time()

@@ -26,7 +26,7 @@ def shard_cmd(work: Path, target: Path, out_dir: Path, shard: int, n: int, batch
 
 def parallel_shards(work: Path, target: Path, batch_tokens: int) -> dict:
     """Shards 0 and 1 of 2: one after the other on GPU 0, then at once, each job taking a free
-    GPU through the scripts' local device assignment (`draftline.devices.claim_gpus(1)`)."""
+    GPU through the scripts' local device assignment (`draftline.runtime.devices.claim_gpus(1)`)."""
     from safetensors.torch import load_file
 
     env_seq = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
@@ -78,9 +78,9 @@ def extract_shard_main() -> None:
     ap.add_argument("--batch-tokens", type=int)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s shard{a.shard} %(name)s %(message)s")
-    from draftline.devices import claim_gpus
-    from draftline.engine import EngineSettings
-    from draftline.shards import ShardJob
+    from draftline.runtime.devices import claim_gpus
+    from draftline.runtime.shards import ShardJob
+    from draftline.runtime.vllm_engine import EngineSettings
     from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     # As scripts/hidden_states.py does: take one free GPU before CUDA starts.

@@ -89,7 +89,7 @@ def reference_fwd_bwd(work: Path, target: Path, total_seq_len: int, steps: int) 
     import draftline.stages.train as dt
 
     if not torch.cuda.is_available():
-        from draftline.stages.train_entry import apply_cpu_shims
+        from draftline.stages.train.entry import apply_cpu_shims
 
         apply_cpu_shims()
     settings = dt.TrainSettings(epochs=1, total_seq_len=total_seq_len, train_fraction=0.9)

@@ -23,7 +23,7 @@ never fails by itself, so the report names every problem at once:
 
 A part whose inputs failed records its checks as `not run`, naming what failed. Each part also
 records what it measured: load seconds and tokens per second, which the plan's sizing uses in
-place of its assumed rates (draftline.sizing).
+place of its assumed rates (draftline.planning.sizing).
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline import plan
 from draftline.artifacts import conversations as conversation_file
 from draftline.artifacts.preflight import Check, failed, not_run, part_failures, passed, read_part, write_part
-from draftline.atomic import atomic_file
-from draftline.config_schema import default
 from draftline.fidelity import FidelitySettings
-from draftline.shards import ShardJob
+from draftline.planning import rule_params as plan
+from draftline.planning.config_schema import default
+from draftline.runtime.atomic import atomic_file
+from draftline.runtime.shards import ShardJob
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class EnvironmentPlan:
 
     @classmethod
     def for_engine(cls, engine, **plan) -> EnvironmentPlan:
-        """The plan for jobs that load the target with `engine` (draftline.engine.EngineSettings)."""
+        """The plan for jobs that load the target with `engine` (draftline.runtime.vllm_engine.EngineSettings)."""
         return cls(
             tensor_parallel_size=engine.tensor_parallel_size,
             pipeline_parallel_size=engine.pipeline_parallel_size,
@@ -375,7 +375,7 @@ def _versions_check(env: EnvironmentPlan) -> Check:
 def _devices_check(node: Node, env: EnvironmentPlan) -> Check:
     split = f"target.tensor_parallel_size x pipeline_parallel_size = {env.tensor_parallel_size} x {env.pipeline_parallel_size}"
     if env.device != "cuda":
-        from draftline.engine import NotEnoughCores, cpu_bind_lists
+        from draftline.runtime.vllm_engine import NotEnoughCores, cpu_bind_lists
 
         try:
             cpu_bind_lists(env.ranks, range(node.cores))
@@ -539,7 +539,7 @@ def run_regenerate(part: Part, prompts_path: str | Path, stages: RegenerationSta
     answer the first `preflight.prompts` prompts, decode the first `preflight.rows` greedily (the
     reference), tokenize their conversations. Writes prompts.jsonl, conversations.jsonl,
     reference.json and tokenized/ into the part's folder."""
-    from draftline.engine import shutdown, target_llm
+    from draftline.runtime.vllm_engine import shutdown, target_llm
     from draftline.stages import regenerate
     from draftline.stages import tokenize as tokenization
 
@@ -721,7 +721,7 @@ def run_speculative(
     """The speculative part (after the regeneration part): an untrained draft of the run's config
     (vocab maps from the tokenized rows' frequencies), served in vLLM; its greedy outputs must
     equal the reference."""
-    from draftline.engine import shutdown
+    from draftline.runtime.vllm_engine import shutdown
     from draftline.stages import evaluate, vocab
 
     target_dir, regenerate_dir, log_hint = part.target_dir, part.upstream_dir, part.log_hint

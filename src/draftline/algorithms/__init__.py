@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from draftline.config_schema import default
+from draftline.planning.config_schema import default
 
 # name (config draft.algorithm = speculators' speculator_type) -> module holding ALGORITHM
 ALGORITHMS = {

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from draftline.atomic import atomic_file
+from draftline.runtime.atomic import atomic_file
 
 # What a chat template sees of a message besides role and content (vLLM's chat API passes the
 # same: tool calls with their arguments as objects, a tool result's call id and name, and the

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.atomic import atomic_file
+from draftline.runtime.atomic import atomic_file
 
 
 @dataclass(frozen=True)

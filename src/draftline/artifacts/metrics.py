@@ -1,6 +1,6 @@
 """`metrics.jsonl` of a training run (`results/checkpoint/runs/<key>/metrics.jsonl`).
 
-One JSON record per line, appended by `draftline.stages.train_entry` inside speculators' Trainer:
+One JSON record per line, appended by `draftline.stages.train.entry` inside speculators' Trainer:
 step records carry `profile` (`step_ms`, `tokens_per_s`), epoch records `train`/`val` with
 `loss_epoch`, and a batch from which speculators dropped samples (no hidden states for them) a
 `skipped_samples` record (count, `phase` training/validation, `epoch`, `rank`). Read by training

@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftline.atomic import atomic_file
+from draftline.runtime.atomic import atomic_file
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
 STATUSES = (PASS, FAIL, NOT_RUN)

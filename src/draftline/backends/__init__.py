@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from draftline.engine import EngineSettings
+from draftline.runtime.vllm_engine import EngineSettings
 
 # name (config `hidden_states.backend`) -> module holding BACKEND; imported only when chosen
 BACKENDS = {

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
 from draftline.backends import Extracted, ExtractionRequest
-from draftline.engine import has_cuda, shutdown, target_llm
+from draftline.runtime.vllm_engine import has_cuda, shutdown, target_llm
 
 log = logging.getLogger(__name__)
 

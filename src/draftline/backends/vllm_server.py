@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.engine import (
+from draftline.runtime.vllm_engine import (
     BIND,
     CONFIGURE_LOGGING,
     EngineSettings,

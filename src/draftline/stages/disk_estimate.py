@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.atomic import atomic_file
+from draftline.runtime.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ def write_estimate(
     fit under the limit is exact."""
     dtype, shards, format = extraction.dtype, extraction.shards, extraction.format
     max_disk_gb = limit.max_disk_gb
-    from draftline.checks import check_rows_for_shards, shape_from_config
-    from draftline.engine import default_dtype
+    from draftline.planning.config_checks import check_rows_for_shards, shape_from_config
+    from draftline.runtime.vllm_engine import default_dtype
 
     summary = json.loads(Path(tokenized_summary).read_text())
     extracted = json.loads(Path(layer_ids).read_text())["extracted"]

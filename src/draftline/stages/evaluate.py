@@ -35,8 +35,8 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.artifacts import acceptance as record
 from draftline.artifacts.acceptance import RESAMPLES, interval_95, resamples
-from draftline.config_schema import default
-from draftline.engine import EngineSettings, has_cuda, shutdown, target_llm, vllm_has_engine_arg
+from draftline.planning.config_schema import default
+from draftline.runtime.vllm_engine import EngineSettings, has_cuda, shutdown, target_llm, vllm_has_engine_arg
 from draftline.sources import read_first_turns
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def make_untrained_draft(
     import torch
     from speculators.train.cli import _build_from_config_only, set_seed
 
-    from draftline.atomic import atomic_dir
+    from draftline.runtime.atomic import atomic_dir
 
     config = json.loads((Path(config_dir) / "config.json").read_text())
     algorithm = algorithms.of_config(config, str(Path(config_dir) / "config.json"))
@@ -335,7 +335,7 @@ def evaluate(
     is measured on the headline set only, where the trained draft is compared against it; the
     named sets and validation then cost one pass each instead of two.
     """
-    from draftline.atomic import atomic_file
+    from draftline.runtime.atomic import atomic_file
 
     started = time.monotonic()
     chat_template = Path(settings.chat_template).read_text(encoding="utf-8") if settings.chat_template else None
@@ -400,7 +400,7 @@ def evaluate_set(target_dir: str | Path, prompt_set: tuple[str, str | Path], dra
     name, path = prompt_set
     if read_prompts(path, settings.max_prompts):
         return evaluate(target_dir, {name: path}, dict([draft]), out_json, settings)
-    from draftline.atomic import atomic_file
+    from draftline.runtime.atomic import atomic_file
 
     log.info("%s (%s): no prompts; recorded as an empty set", name, path)
     summary = {"num_speculative_tokens": settings.num_speculative_tokens, "headline_set": None, "prompts": 0,
@@ -474,7 +474,7 @@ def _target_alone(
 
 
 def _checkpoint_record(checkpoint: str | Path) -> dict:
-    from draftline.content_hash import sha256_file
+    from draftline.lineage.content_hash import sha256_file
 
     weights = Path(checkpoint) / "model.safetensors"
     return {"path": str(checkpoint), "model_sha256": sha256_file(weights) if weights.is_file() else None}

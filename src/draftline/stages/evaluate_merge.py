@@ -33,7 +33,7 @@ def _read(path: str | Path) -> dict:
 def merge(sets: dict[str, str | Path], baseline: str | Path | None, out_json: str | Path) -> dict:
     """Gather the per-set records (name -> file, in the configured order) and the baseline's
     record into out_json."""
-    from draftline.atomic import atomic_file
+    from draftline.runtime.atomic import atomic_file
 
     records = {name: _read(path) for name, path in sets.items()}
     per_set = {name: r["sets"][name] for name, r in records.items() if name in r.get("sets", {})}

@@ -49,11 +49,11 @@ from draftline.artifacts.hidden_states import (
 )
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.target import dims as target_dims
-from draftline.atomic import atomic_dir
-from draftline.content_hash import digest, fingerprint
-from draftline.engine import EngineSettings, default_dtype, has_cuda, output_settings
-from draftline.shards import ShardJob
-from draftline.versions import package_versions
+from draftline.lineage.content_hash import digest, fingerprint
+from draftline.lineage.versions import package_versions
+from draftline.runtime.atomic import atomic_dir
+from draftline.runtime.shards import ShardJob
+from draftline.runtime.vllm_engine import EngineSettings, default_dtype, has_cuda, output_settings
 
 log = logging.getLogger(__name__)
 # The installed versions a shard's manifest records.

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.artifacts import conversations as conversation_file
-from draftline.atomic import atomic_file
-from draftline.config_schema import default
+from draftline.planning.config_schema import default
+from draftline.runtime.atomic import atomic_file
 from draftline.sources import (
     BadRow,
     PromptError,

@@ -53,11 +53,11 @@ from tqdm import tqdm
 
 from draftline.artifacts import conversations as conversation_file
 from draftline.artifacts.hidden_states import shard_rows
-from draftline.atomic import atomic_dir, atomic_file
-from draftline.config_schema import default
-from draftline.content_hash import sha256_file
-from draftline.engine import EngineSettings, shutdown, target_llm
-from draftline.shards import ShardJob
+from draftline.lineage.content_hash import sha256_file
+from draftline.planning.config_schema import default
+from draftline.runtime.atomic import atomic_dir, atomic_file
+from draftline.runtime.shards import ShardJob
+from draftline.runtime.vllm_engine import EngineSettings, shutdown, target_llm
 
 log = logging.getLogger(__name__)
 

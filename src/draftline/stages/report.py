@@ -32,7 +32,7 @@ DPI = 110
 
 
 def _save(fig, out: str | Path) -> None:
-    from draftline.atomic import atomic_file
+    from draftline.runtime.atomic import atomic_file
 
     fig.tight_layout()
     with atomic_file(out, mode="wb") as handle:

@@ -25,7 +25,7 @@ import pandas as pd
 from draftline import algorithms
 from draftline.artifacts.benchmarks import read_benchmarks
 from draftline.artifacts.checkpoint import chosen_epoch
-from draftline.atomic import atomic_file
+from draftline.runtime.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 

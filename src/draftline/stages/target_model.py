@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from draftline.atomic import atomic_dir
-from draftline.content_hash import HashCache, digest_folder, sha256_file
+from draftline.lineage.content_hash import HashCache, digest_folder, sha256_file
+from draftline.runtime.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 

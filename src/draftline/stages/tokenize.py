@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.artifacts import conversations as conversation_file
-from draftline.config_schema import default
+from draftline.planning.config_schema import default
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Train the draft with speculators' own Trainer and publish the chosen checkpoint.
 
-The Trainer runs in a child process (`draftline.stages.train_entry`: speculators' entry point
+The Trainer runs in a child process (`draftline.stages.train.entry`: speculators' entry point
 plus CPU shims), through torchrun with one process per GPU on CUDA. Checkpoints go to
 `runs/<run key>/`, where the key hashes the training settings and fingerprints of every
 input: a retry with the same inputs resumes from the newest epoch folder (speculators'
@@ -17,7 +17,7 @@ vLLM server this job starts for the target (`backends.vllm_server`): the Trainer
 CUDA the server takes the first `hidden_states.online_server_gpus` of the job's GPUs and the
 Trainer the rest; on CPU each gets half the job's threads. The run key then holds the server's
 settings in place of the files' fingerprint. A sample the server gives no hidden states for
-(after speculators' retries) is skipped by the Trainer with only a warning: train_entry counts
+(after speculators' retries) is skipped by the Trainer with only a warning: train.entry counts
 them in metrics.jsonl, and more than `hidden_states.online_max_skipped_samples` stops the job
 before publishing (`check_skipped_samples`); the count goes into draftline_provenance.json.
 

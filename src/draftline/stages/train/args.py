@@ -1,5 +1,5 @@
 """speculators' train command line: the flags draftline's settings and inputs become, and the
-command that runs them (`draftline.stages.train_entry`, through torchrun with one process per GPU on
+command that runs them (`draftline.stages.train.entry`, through torchrun with one process per GPU on
 CUDA)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.algorithms import DraftSettings
 from draftline.artifacts.hidden_states import TRAINER_BACKEND
-from draftline.plan import resolve_num_workers, resolve_optimizer
+from draftline.planning.rule_params import resolve_num_workers, resolve_optimizer
 from draftline.stages.train.inputs import InputFacts
 from draftline.stages.train.settings import TrainInputs, TrainSettings
 
@@ -101,6 +101,6 @@ def launch_command(args: list[str], cuda: bool, gpus: int) -> list[str]:
     if cuda:
         return [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(gpus), "-m", "draftline.stages.train_entry", *args,
+            "--nproc_per_node", str(gpus), "-m", "draftline.stages.train.entry", *args,
         ]
-    return [sys.executable, "-m", "draftline.stages.train_entry", *args]
+    return [sys.executable, "-m", "draftline.stages.train.entry", *args]

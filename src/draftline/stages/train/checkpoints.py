@@ -12,10 +12,10 @@ import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from draftline.content_hash import digest, fingerprint
+from draftline.lineage.content_hash import digest, fingerprint
+from draftline.lineage.target_hash_cache import job_cache
 from draftline.stages.train.args import TrainerOptions
 from draftline.stages.train.settings import TrainInputs, TrainSettings
-from draftline.target_hashes import job_cache
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Run:
 
     @property
     def metrics_path(self) -> Path:
-        return self.dir / "metrics.jsonl"  # train_entry appends speculators' metrics here
+        return self.dir / "metrics.jsonl"  # train.entry appends speculators' metrics here
 
 
 def input_fingerprints(inputs: TrainInputs, server: dict | None = None) -> dict[str, str]:

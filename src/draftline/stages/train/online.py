@@ -25,7 +25,7 @@ def server_settings(inputs: TrainInputs, source: HiddenStateSource, where: Place
     vLLM job gets; without it the defaults with the planned dtype), with the context of a row plus
     the one generated token, on the devices or threads placed for it."""
     from draftline.backends.vllm_server import ServerSettings
-    from draftline.engine import EngineSettings
+    from draftline.runtime.vllm_engine import EngineSettings
 
     engine = source.engine or EngineSettings(dtype=source.dtype, trust_remote_code=trust_remote_code)
     return ServerSettings(

@@ -69,7 +69,7 @@ def place(gpus: int, threads: int, source: HiddenStateSource) -> Placement:
     (0 or no CUDA: the CPU) and `threads` threads."""
     import torch
 
-    from draftline.devices import visible_gpus
+    from draftline.runtime.devices import visible_gpus
 
     cuda = torch.cuda.is_available() and gpus > 0
     if gpus > 0 and not torch.cuda.is_available():

@@ -14,7 +14,7 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.artifacts import metrics
 from draftline.artifacts.hidden_states import MANIFEST, read_manifest
-from draftline.atomic import atomic_dir, atomic_file
+from draftline.runtime.atomic import atomic_dir, atomic_file
 from draftline.stages.train.checkpoints import FINAL_FILES, INTERRUPTED, Run, epoch_dirs, finished_epochs
 from draftline.stages.train.inputs import InputFacts
 from draftline.stages.train.settings import HiddenStateSource, TrainJob, TrainSettings
@@ -26,7 +26,7 @@ SKIPPED_SETTING = "hidden_states.online_max_skipped_samples"
 
 def check_skipped_samples(metrics_path: Path, source: HiddenStateSource, run_dir: Path) -> dict:
     """The samples speculators' Trainer skipped (`metrics.skipped_samples`, counted by
-    train_entry.install_skip_counter) with the number allowed (`allowed`); more than allowed stops
+    train.entry.install_skip_counter) with the number allowed (`allowed`); more than allowed stops
     the job before anything is published."""
     skipped = metrics.skipped_samples(metrics_path)
     allowed = source.max_skipped_samples if source.online else 0
@@ -180,8 +180,8 @@ def _rename_in_train_command(command_file: Path, name: str, note: str) -> None:
     for argv in commands:
         if "--verifier-name-or-path" in argv:
             argv[argv.index("--verifier-name-or-path") + 1] = name
-        if argv and argv[0].endswith("train_entry.py"):  # sys.argv[0]: this checkout's file
-            argv[:1] = ["python", "-m", "draftline.stages.train_entry"]
+        if argv and argv[0].endswith("train/entry.py"):  # sys.argv[0]: this checkout's file
+            argv[:1] = ["python", "-m", "draftline.stages.train.entry"]
     with atomic_file(command_file) as handle:
         handle.write("\n".join([*header, note, *(shlex.join(argv) for argv in commands)]) + "\n")
 
@@ -190,7 +190,7 @@ def name_verifier_in_run_records(folder: Path, name: str, local_path: Path) -> N
     """Name the target `name` in the copies of speculators' run.yaml and train_command.txt in
     `folder` (final/), which record --verifier-name-or-path as training got it: the local path
     (`local_path`), which stays in draftline_provenance.json only. Each file says so in a comment;
-    the command starts as `python -m draftline.stages.train_entry` (speculators records sys.argv[0], the
+    the command starts as `python -m draftline.stages.train.entry` (speculators records sys.argv[0], the
     checkout's absolute path to the module); the rest is speculators' record as written (run.yaml
     re-dumped as speculators dumps it)."""
     note = (

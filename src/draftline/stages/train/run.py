@@ -47,7 +47,7 @@ def child_env(threads: int, metrics_path: Path, devices: list[str] | None = None
 
 def launch(args: list[str], where: Placement, metrics_path: Path, lock_timeout_s: float | None = None) -> None:
     """Run speculators' Trainer with `args` where placed; `lock_timeout_s`: online, how long it
-    waits for each sample the server writes (train_entry.patch_lock_wait)."""
+    waits for each sample the server writes (train.entry.patch_lock_wait)."""
     command = launch_command(args, where.cuda, where.world_size)
     log.info("running: %s", " ".join(command))
     env = child_env(where.trainer_threads, metrics_path, where.trainer_devices)

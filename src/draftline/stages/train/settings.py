@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline import fidelity
-from draftline.config_schema import default
-from draftline.engine import EngineSettings, output_settings
+from draftline.planning.config_schema import default
+from draftline.runtime.vllm_engine import EngineSettings, output_settings
 
 
 @dataclass(frozen=True)

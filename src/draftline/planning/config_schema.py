@@ -8,7 +8,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema" / "config.schema.yaml"
+SCHEMA = Path(__file__).resolve().parents[3] / "config" / "schema" / "config.schema.yaml"
 
 
 @lru_cache(maxsize=1)
@@ -283,10 +283,10 @@ if __name__ == "__main__":
             sys.stdout.write("".join(arg + "\0" for arg in rewrite_config_args(sys.argv[2:])))
         except CommandLineError as error:
             sys.exit(f"draftline: {error}")
-    else:  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.config_schema
+    else:  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.planning.config_schema
         import yaml
 
-        from draftline.atomic import atomic_file
+        from draftline.runtime.atomic import atomic_file
 
         page = settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text()))
         with atomic_file(DOCS_PAGE) as out:

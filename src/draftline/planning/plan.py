@@ -2,10 +2,10 @@
 
 From the validated config and the machine that plans: the config's paths and prompt sources
 checked, the target resolved and identified by content (hashes kept across run folders,
-draftline.target_hashes), the device and the `auto` settings resolved for it
-(draftline.plan.resolved_settings), the config checked against the target's shape
-(draftline.checks), the hidden states' disk use printed and held to hidden_states.max_disk_gb
-(draftline.stages.disk_estimate), and the run's GPU-hours printed (draftline.sizing). What it prints and the
+draftline.lineage.target_hash_cache), the device and the `auto` settings resolved for it
+(draftline.planning.rule_params.resolved_settings), the config checked against the target's shape
+(draftline.planning.config_checks), the hidden states' disk use printed and held to hidden_states.max_disk_gb
+(draftline.stages.disk_estimate), and the run's GPU-hours printed (draftline.planning.sizing). What it prints and the
 errors it raises (PlanningError, which the workflow shows as a WorkflowError) are what a user
 sees before the first job.
 
@@ -22,12 +22,13 @@ from pathlib import Path
 
 from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import manifest_format, read_manifest
-from draftline.checks import ConfigError, TargetShape, check_config, target_shape
-from draftline.cluster import cluster_device, jobs_leave_this_machine
-from draftline.engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.fidelity import FidelitySettings, resolve_min_top1
-from draftline.plan import DeviceSetting, PlanError, pinned_versions, resolved_settings
-from draftline.sizing import planned_train_gpus, planned_training_rows
+from draftline.lineage.target_hash_cache import RUN_FILE, SharedHashCache, local_target_files
+from draftline.planning.cluster import cluster_device, jobs_leave_this_machine
+from draftline.planning.config_checks import ConfigError, TargetShape, check_config, target_shape
+from draftline.planning.rule_params import DeviceSetting, PlanError, pinned_versions, resolved_settings
+from draftline.planning.sizing import planned_train_gpus, planned_training_rows
+from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.sources import PromptError, check_sources
 from draftline.stages.disk_estimate import (
     DiskLimit,
@@ -41,7 +42,6 @@ from draftline.stages.disk_estimate import (
 from draftline.stages.summary import SummarySettings
 from draftline.stages.target_model import TargetSpec, resolve_target, target_identity
 from draftline.stages.train.settings import HiddenStateSource
-from draftline.target_hashes import RUN_FILE, SharedHashCache, local_target_files
 
 HASH_CACHE = RUN_FILE
 PROMPTS_SUMMARY = "results/prompts/summary.json"
@@ -92,7 +92,7 @@ class Plan:
     on_cluster: bool  # the jobs run on a cluster executor's nodes, not here
     device: str
     device_setting: DeviceSetting  # the config's `device` as written (auto, cpu, cuda)
-    resolved: dict  # the `auto` settings for the device, per concern (draftline.plan.resolved_settings)
+    resolved: dict  # the `auto` settings for the device, per concern (draftline.planning.rule_params.resolved_settings)
     default_train_gpus: int  # the train rule's `gpu`: the Trainer's, plus the online server's
     train_gpus: int  # what it asks for with the profile's (or --set-resources') setting
     vllm_ranks: int  # target.tensor_parallel_size x pipeline_parallel_size
@@ -387,10 +387,10 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
 
 def sizing_line(config: dict, plan: Plan, planned_rows: tuple[int | None, str | None]) -> str:
     """GPU-hours per stage and hidden-state bytes for this config, from the prompt count and the
-    configured lengths (draftline.sizing, docs/sizing.md), with the rates the preflight measured
+    configured lengths (draftline.planning.sizing, docs/sizing.md), with the rates the preflight measured
     for this plan where it ran (results/preflight/report.json)."""
     from draftline.artifacts.preflight import REPORT, measured_rates
-    from draftline.sizing import SizedTarget, for_config, planned_user_turns
+    from draftline.planning.sizing import SizedTarget, for_config, planned_user_turns
 
     measured = measured_rates(REPORT, plan.preflight_plan)
     target = SizedTarget(plan.target.kind, plan.target.config_folder, plan.target.name)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from draftline.versions import installed_version
+from draftline.lineage.versions import installed_version
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _online_server_gpus(config: dict) -> int:
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
     """The settings jobs would otherwise resolve themselves, per concern (engine, train), by
     the same rules they use (engine.dtype_for/enforce_eager_for, resolve_optimizer/resolve_num_workers)."""
-    from draftline.engine import dtype_for, enforce_eager_for
+    from draftline.runtime.vllm_engine import dtype_for, enforce_eager_for
 
     cuda = device == "cuda"
     train = config["train"]

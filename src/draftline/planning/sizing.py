@@ -322,7 +322,7 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
                      user_turns: int | None = None) -> Plan:
     aux = config["hidden_states"]["layer_ids"]
     dtype = config["target"].get("dtype", "auto")
-    if dtype == "auto":  # draftline.plan: float32 on the CPU, bfloat16 on CUDA
+    if dtype == "auto":  # draftline.planning.rule_params: float32 on the CPU, bfloat16 on CUDA
         dtype = "float32" if device == "cpu" else "bfloat16"
     prompts = config["prompts"]
     held_out = (prompts["validation"] or 0) + (prompts["test"] or 0)
@@ -646,4 +646,4 @@ def docs_tables(repo: Path) -> str:
 
 
 if __name__ == "__main__":
-    print(docs_tables(Path(__file__).resolve().parents[2]))
+    print(docs_tables(Path(__file__).resolve().parents[3]))

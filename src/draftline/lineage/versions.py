@@ -1,7 +1,7 @@
 """The installed packages' versions, looked up in one place (`importlib.metadata`).
 
-Read by a job's check against the pins it was planned with (draftline.plan), by every
-provenance.json (draftline.provenance) and by each hidden-state shard's manifest. A module of its
+Read by a job's check against the pins it was planned with (draftline.planning.rule_params), by every
+provenance.json (draftline.lineage.provenance) and by each hidden-state shard's manifest. A module of its
 own that imports nothing of draftline: a stage that records versions hashes only this file into
 its `code` param, not the plan or the bookkeeping (whose fixes must rerun no GPU work).
 """

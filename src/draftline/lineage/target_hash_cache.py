@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from draftline.content_hash import _ALWAYS_READ, HashCache
+from draftline.lineage.content_hash import _ALWAYS_READ, HashCache
 
 SHARED_FILE = "target_hashes.json"
 RUN_FILE = ".snakemake/draftline/hash_cache.json"  # relative to the run folder (a job's working folder)

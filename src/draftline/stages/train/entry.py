@@ -1,7 +1,7 @@
 """speculators' own training entry point, plus CPU shims and a metrics log.
 
-    python -m draftline.stages.train_entry <speculators train flags>            # CPU or 1 GPU
-    torchrun --nproc_per_node N -m draftline.stages.train_entry <flags>         # N GPUs
+    python -m draftline.stages.train.entry <speculators train flags>            # CPU or 1 GPU
+    torchrun --nproc_per_node N -m draftline.stages.train.entry <flags>         # N GPUs
 
 It runs exactly what `python -m speculators.train` runs (`cli.main(TrainConfig.resolve())`),
 after three narrow additions:
@@ -253,7 +253,7 @@ def install_skip_counter(recorder: MetricsRecorder) -> None:
         if SKIPPED_KEY not in batch:
             raise RuntimeError(
                 f"speculators' {self.phase} batch has no {SKIPPED_KEY!r} (keys {sorted(batch)}): draftline cannot "
-                "count skipped samples with this speculators version (draftline.stages.train_entry.install_skip_counter)"
+                "count skipped samples with this speculators version (draftline.stages.train.entry.install_skip_counter)"
             )
         skipped = int(batch[SKIPPED_KEY])
         if skipped:
