@@ -95,10 +95,11 @@ def test_the_default_settings_load_the_target_as_before(monkeypatch):
         "dtype": "float32", "max_model_len": 2048, "enforce_eager": True, "trust_remote_code": False, "seed": 0,
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
     }
-    # on CUDA only the stage's memory share is added (extraction 0.85; None: vLLM's own)
+    # on CUDA only an extracting engine's memory share is added (0.85; a generating one: vLLM's own)
     cuda = engine.engine_settings(_config(), {"device": "cuda", "dtype": "bfloat16", "enforce_eager": False})
-    assert engine.engine_kwargs(cuda, cuda=True, gpu_memory_utilization=0.85)["gpu_memory_utilization"] == 0.85
+    assert engine.engine_kwargs(cuda, cuda=True, extraction=True)["gpu_memory_utilization"] == 0.85
     assert "gpu_memory_utilization" not in engine.engine_kwargs(cuda, cuda=True)
+    assert engine.gpu_memory_share(cuda) == 0.9  # what preflight checks free memory against
 
 
 class _Recorder:

@@ -49,13 +49,11 @@ from draftline.planning import rule_params as plan
 from draftline.planning.config_schema import default
 from draftline.runtime.atomic import atomic_file
 from draftline.runtime.shards import ShardJob
+from draftline.runtime.vllm_engine import VLLM_GPU_MEMORY_UTILIZATION, gpu_memory_share
 
 log = logging.getLogger(__name__)
 
 GIB = 1024**3
-# vLLM's default gpu_memory_utilization, which regeneration and evaluation run with: at start an
-# engine asks for this share of each GPU and stops when less is free (vllm/v1/worker/utils.py).
-GPU_MEMORY_UTILIZATION = 0.9
 # The weights on one GPU must leave at least this share of vLLM's budget to the KV cache.
 KV_CACHE_SHARE = 0.1
 CUDA_13_DRIVER = "580"  # the first driver branch that supports CUDA 13.0 (NVIDIA's release notes)
@@ -145,7 +143,9 @@ class EnvironmentPlan:
     setting: str = "auto"  # the config's `device`
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    # the share of each GPU a generating engine takes (at start it stops when less is free:
+    # vllm/v1/worker/utils.py); the check asks for it free
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
     cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
 
     @classmethod
@@ -154,7 +154,7 @@ class EnvironmentPlan:
         return cls(
             tensor_parallel_size=engine.tensor_parallel_size,
             pipeline_parallel_size=engine.pipeline_parallel_size,
-            gpu_memory_utilization=engine.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
+            gpu_memory_utilization=gpu_memory_share(engine),
             cpu_kv_cache_gib=engine.cpu_kv_cache_gib,
             **plan,
         )

@@ -34,9 +34,6 @@ CUDA_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's stock connector
 CPU_FP8_CONNECTOR = "CPUFP8HiddenStatesConnector"
 CUDA_FP8_CONNECTOR = "FP8HiddenStatesConnector"
 CUDA_FP8_CONNECTOR_MODULE = "hs_connectors.fp8_hidden_states_connector"
-# The GPU share an extraction engine (and the online server) takes when vllm.gpu_memory_utilization
-# is null: less than vLLM's 0.9, leaving room for the connector's copies of the states.
-GPU_MEMORY_UTILIZATION = 0.85
 
 
 def connector(format: str = "full", cuda: bool | None = None) -> dict:
@@ -180,7 +177,7 @@ class VllmBackend:
         # this process; in this process the last chunk's wait would never end
         llm = target_llm(
             request.target_dir, settings, enable_prefix_caching=False, in_process=False,
-            gpu_memory_utilization=request.options.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
+            extraction=True,  # its GPU share (vllm_engine.gpu_memory_share)
             **extraction_engine_kwargs(request.extracted, scratch, request.format),
         )
         load_s = time.perf_counter() - t0

@@ -71,9 +71,7 @@ class ServerSettings:
 
     def engine_kwargs(self) -> dict:
         """The engine arguments the server runs with (as an in-process extraction engine's)."""
-        from draftline.backends.vllm import GPU_MEMORY_UTILIZATION
-
-        return engine_kwargs(self.engine, self.cuda, GPU_MEMORY_UTILIZATION)
+        return engine_kwargs(self.engine, self.cuda, extraction=True)
 
     def record(self) -> dict:
         """What provenance shows: the engine arguments, the layers, the device and threads."""

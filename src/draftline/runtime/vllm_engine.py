@@ -87,7 +87,7 @@ class EngineSettings:
     # target.*_parallel_size: one vLLM rank (a GPU, or a CPU worker process) per tp x pp
     tensor_parallel_size: int = default("target", "tensor_parallel_size")
     pipeline_parallel_size: int = default("target", "pipeline_parallel_size")
-    # vllm.*: None = vLLM's own default (gpu_memory_utilization: the stage's, see target_llm)
+    # vllm.*: None = vLLM's own default (gpu_memory_utilization: gpu_memory_share's)
     gpu_memory_utilization: float | None = default("vllm", "gpu_memory_utilization")
     max_num_seqs: int | None = default("vllm", "max_num_seqs")
     enable_expert_parallel: bool = default("vllm", "enable_expert_parallel")
@@ -173,11 +173,26 @@ def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> 
     return {key: getattr(settings, key) for key in sorted(OUTPUT_FIELDS) if key not in without}
 
 
-def engine_kwargs(settings: EngineSettings, cuda: bool, gpu_memory_utilization: float | None = None) -> dict:
+# The share of each GPU an engine takes when vllm.gpu_memory_utilization is null, decided here only
+# (gpu_memory_share): a generating engine (regeneration, evaluation) vLLM's own default, which
+# draftline does not pass (vllm/config/cache.py); an extracting one (and the online server) less,
+# leaving room for the connector's copies of the states.
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+EXTRACTION_GPU_MEMORY_UTILIZATION = 0.85
+
+
+def gpu_memory_share(settings: EngineSettings, extraction: bool = False) -> float:
+    """The share of each GPU an engine with `settings` takes (an extracting one if `extraction`):
+    vllm.gpu_memory_utilization, or its default for what the engine does."""
+    if settings.gpu_memory_utilization is not None:
+        return settings.gpu_memory_utilization
+    return EXTRACTION_GPU_MEMORY_UTILIZATION if extraction else VLLM_GPU_MEMORY_UTILIZATION
+
+
+def engine_kwargs(settings: EngineSettings, cuda: bool, extraction: bool = False) -> dict:
     """The vLLM engine arguments `settings` stand for (vllm.LLM keyword arguments; the online
-    server passes the same as flags). `gpu_memory_utilization`: the stage's default when
-    vllm.gpu_memory_utilization is null (None: vLLM's own). A setting left at its default is
-    not passed, so vLLM's own default applies."""
+    server passes the same as flags); `extraction`: an engine that extracts hidden states
+    (gpu_memory_share). A setting left at its default is not passed, so vLLM's own default applies."""
     kwargs = dict(
         dtype=dtype_for(settings.dtype, cuda),
         max_model_len=settings.max_model_len,
@@ -187,9 +202,8 @@ def engine_kwargs(settings: EngineSettings, cuda: bool, gpu_memory_utilization: 
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size,
     )
-    memory = settings.gpu_memory_utilization if settings.gpu_memory_utilization is not None else gpu_memory_utilization
-    if cuda and memory is not None:
-        kwargs["gpu_memory_utilization"] = memory
+    if cuda and (extraction or settings.gpu_memory_utilization is not None):  # else vLLM's own
+        kwargs["gpu_memory_utilization"] = gpu_memory_share(settings, extraction)
     if settings.max_num_seqs is not None:
         kwargs["max_num_seqs"] = settings.max_num_seqs
     if settings.enable_expert_parallel:
@@ -298,12 +312,12 @@ def target_llm(
     target_dir,
     settings: EngineSettings,
     *,
-    gpu_memory_utilization: float | None = None,
+    extraction: bool = False,
     in_process: bool = True,
     **engine_args,
 ):
     """The target in a vLLM engine, loaded with `settings` (engine_kwargs);
-    `gpu_memory_utilization` is the stage's default for a null vllm.gpu_memory_utilization;
+    `extraction`: an engine that extracts hidden states (its GPU share: gpu_memory_share);
     `in_process`: on CPU, a one-rank engine's core may run in this process (configure_vllm_cpu);
     `engine_args` (a speculative config, a KV connector, stats) go to `vllm.LLM` as they are."""
     configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks, in_process=in_process)
@@ -315,7 +329,7 @@ def target_llm(
     _set_env(CONFIGURE_LOGGING, "0")
     from vllm import LLM
 
-    return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), gpu_memory_utilization), **engine_args)
+    return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), extraction), **engine_args)
 
 
 def shutdown(llm) -> None:
