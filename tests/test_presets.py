@@ -135,7 +135,7 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
         assert expected in line, "\n".join((line, expected))
     assert estimates["H200"]["conversations"] == config["prompts"]["max_samples"]
     h100 = sum(estimates["H100"]["device_hours"].values())
-    assert f"; on H100s total {sizing._hours(h100)} (" in sizing_line("resources/prompts/sized.jsonl")
+    assert f"; on H100s total {sizing.line._hours(h100)} (" in sizing_line("resources/prompts/sized.jsonl")
     assert sizing.recipe_train_gpus(REPO, name) == RECIPES[preset][2]
 
 

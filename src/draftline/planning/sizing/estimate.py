@@ -1,0 +1,239 @@
+"""The estimate: GPU-hours (CPU core-hours on cpu) per stage, wall hours and hidden-state bytes of a
+Plan on a target's Shape (`estimate`), and the rates it uses.
+
+Rates come from measurements where there are some and are scaled by FLOPs per token elsewhere;
+`RATES` says which is which (docs/sizing.md has the table and the formulas):
+
+- extraction, H200: measured 29.5k tokens/s on an 8B-shaped target = 0.54 of the bf16 matmul
+  limit (787.8 TFLOP/s / 14.5 GFLOP per token; benchmarks/cuda/results/h200_8b_extraction_recheck.md);
+  other targets: the same fraction of the same limit with their own FLOPs per token.
+- training, H200: measured 28.1k tokens/s for the 8B target's draft (1 layer, draft vocab 32k,
+  8k-token batches, 4 loader workers; benchmarks/cuda/results/h200x2_8b_loader_workers.md); other
+  targets: scaled by the draft's linear parameters (its layer, fc and lm_head).
+- regeneration and evaluation, H200: vLLM NOT measured (none on the GPU machine): batched greedy
+  decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token;
+  transformers' own generate on the 8B shape measured 14.0k tokens/s = 0.25 of it at batch 1024, a
+  lower bound (benchmarks/cuda/results/h200_8b_decode_transformers.md).
+- H100: assumed from the H200 (GPUS): the same compute, 0.70 of its memory bandwidth for decoding.
+- regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
+  at the extraction rate: `regenerated_tokens` bounds both by the turns and the context.
+- CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
+  regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
+  the CPU scaled by FLOPs per token the same way.
+- measured by this run's preflight (results/preflight/report.json, draftline.preflight) for the
+  same plan: its regeneration and extraction rates and engine start-up seconds replace the ones
+  above (`measured`), on the target and GPUs the run will use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftline.planning.sizing.shapes import LLAMA_8B, SMOLLM2_135M, Shape
+
+# bf16 8192^3 matmul on one H200, short bursts (h200_8b_extraction_recheck.json)
+H200_MATMUL_FLOPS = 787.8e12
+EXTRACTION_FRACTION = 0.54  # measured: warm extraction / the limit (8B-shaped target)
+DECODE_FRACTION = 0.3  # assumed for vLLM; transformers generate measured 0.25 (batch 1024)
+TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
+DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)  # the draft TRAIN_TOKENS_PER_S_8B was measured with
+LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
+START_S = 12.0  # measured: imports before the load, per job
+# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): measured rates and its FLOPs/token
+CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
+# Evaluation's rate with each draft over the target alone's (speculative decoding's speed-up).
+# CPU, measured: the embedded default's evaluation, the lowest over its sets, rounded down (trained
+# 0.439-0.535, untrained 0.322; benchmarks/results/default_acceptance.md): on the CPU decoding is
+# compute-bound and the draft's and the verification's work costs more than it saves.
+# CUDA, assumed (no vLLM on the GPU machine): a trained draft no slower than the target alone; an
+# untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
+SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
+
+# What to plan by, beside the bound: each stage's recorded wall time over its bound's, for the
+# embedded default's fresh-clone run (benchmarks/results/default_acceptance.json, the longest job of
+# each stage; tests/test_presets.py recomputes them). Its conversations filled about a quarter of
+# tokenize.max_seq_len, most answers stopped before regenerate.max_new_tokens: data like it take
+# about this share of each bound; data that fill the lengths take the bound.
+EXPECTED_SHARE = {"regeneration": 0.17, "extraction": 0.27, "training": 0.1, "evaluation": 0.55}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU kind's rates as multiples of the H200's, on which the CUDA rates above were measured."""
+
+    name: str
+    compute: float  # extraction, training: matmul-bound
+    decoding: float  # regeneration, evaluation: batched decoding, memory-bandwidth-bound
+    basis: str
+
+
+GPUS = {
+    "H200": Gpu("H200", 1.0, 1.0, "the rates above"),
+    # assumed: the H100 SXM is the same GH100 chip at the same clocks (NVIDIA's data sheets give both
+    # 989 TFLOP/s of dense bf16), with 3.35 TB/s of memory bandwidth against the H200's 4.8 TB/s;
+    # 80 GB instead of 141 GB, which the config's tensor_parallel_size must fit (preflight checks it)
+    "H100": Gpu("H100", 1.0, 3.35 / 4.8, "assumed: the H200's compute, 0.70 of its memory bandwidth for decoding"),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The config's numbers an estimate reads."""
+
+    conversations: int
+    max_seq_len: int
+    max_new_tokens: int
+    epochs: int
+    eval_prompts: int  # every evaluated set's prompts: validation, test and the named sets
+    eval_new_tokens: int
+    aux_layers: int = 3
+    dtype_bytes: int = 2
+    draft_vocab: int = 32000
+    regenerate: bool = True
+    gpus_per_vllm_job: int = 1
+    train_gpus: int = 1
+    regenerate_shards: int = 1
+    hidden_state_shards: int = 1
+    eval_headline_prompts: int | None = None  # the set the untrained draft is measured on (None: all)
+    # sizing.filesystem_gb_per_s in bytes/s: loading the weights, writing the hidden states and
+    # reading them each epoch take their bytes at this rate (None: compute and a local load only)
+    filesystem_bytes_per_s: float | None = None
+    hidden_state_files: bool = True  # hidden_states.mode offline (online: no files)
+    # regeneration answers every user turn: the training conversations' user turns (the prompts
+    # job counts them; None: one per conversation, until it ran) and the context each turn's
+    # prompt and answer share (vllm.max_model_len, else tokenize.max_seq_len; None: max_seq_len)
+    user_turns: int | None = None
+    context_len: int | None = None
+
+
+def regenerated_tokens(plan: Plan) -> tuple[int, int]:
+    """(generated, prefilled) tokens of regeneration, a bound: every user turn answered at
+    max_new_tokens, but a conversation's answers all fit its context (a turn whose prompt no longer
+    fits ends it), and every turn's prompt, the conversation so far, prefilled again at up to the
+    context's length (vLLM's prefix cache usually saves most of that; the bound does not count on it)."""
+    if not plan.regenerate:
+        return 0, 0
+    turns = plan.conversations if plan.user_turns is None else plan.user_turns
+    context = plan.context_len or plan.max_seq_len
+    return min(turns * plan.max_new_tokens, plan.conversations * context), turns * context
+
+
+def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | None = None, gpu: str = "H200") -> dict:
+    """GPU-hours (CPU core-hours on cpu) per stage, wall hours with the configured jobs, and
+    hidden-state bytes; `basis` says which rates are measured and which scaled. `measured` (a
+    preflight report's rates, `artifacts.preflight.measured_rates`) replaces the regeneration and
+    extraction rates and the vLLM jobs' start-up with what the preflight measured. `gpu`: a GPUS
+    kind (cuda only)."""
+    tokens = plan.conversations * plan.max_seq_len
+    generated, prefilled = regenerated_tokens(plan)
+    if device == "cuda":
+        kind = GPUS[gpu]
+        decode = kind.decoding * DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
+        extract = kind.compute * EXTRACTION_FRACTION * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
+        train = kind.compute * TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
+        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+    else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
+        ref = SMOLLM2_135M
+        decode = CPU["regeneration"] * ref.active_linear / shape.active_linear
+        extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
+        train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
+        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+    start_regeneration = start_extraction = load_s
+    if measured:
+        # a job's rate over its GPUs, per GPU (the work below is in one-device seconds)
+        per_gpu = measured.get("gpus_per_job") or plan.gpus_per_vllm_job
+        decode = measured.get("regeneration_tokens_per_s", decode * per_gpu) / per_gpu
+        extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
+        start_regeneration = measured.get("regeneration_load_seconds", load_s)
+        start_extraction = measured.get("extraction_load_seconds", load_s)
+    if plan.filesystem_bytes_per_s:
+        load_s = START_S + shape.weights_bytes / plan.filesystem_bytes_per_s
+        if not measured or "regeneration_load_seconds" not in measured:
+            start_regeneration = load_s
+        if not measured or "extraction_load_seconds" not in measured:
+            start_extraction = load_s
+    vllm = plan.gpus_per_vllm_job
+    # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
+    # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
+    work = {
+        "regeneration": generated / decode + prefilled / extract,  # prefill at the forward's rate
+        "extraction": tokens / extract,
+        "training": plan.epochs * tokens / train,
+        "evaluation": _evaluation_work(plan, decode, SPECULATIVE_SPEEDUP[device if device == "cpu" else "cuda"]),
+    }
+    jobs = {"regeneration": plan.regenerate_shards, "extraction": plan.hidden_state_shards, "training": 1, "evaluation": 1}
+    gpus = {"regeneration": vllm, "extraction": vllm, "training": plan.train_gpus, "evaluation": vllm}
+    start = {"regeneration": start_regeneration, "extraction": start_extraction, "training": START_S,
+             "evaluation": 3 * start_regeneration}
+    if not generated:
+        work["regeneration"] = jobs["regeneration"] = 0
+    bytes_per_token = (plan.aux_layers + 1) * shape.hidden * plan.dtype_bytes + 8
+    # I/O: the hidden states written once and read once per epoch, each job its share at the
+    # filesystem's rate, its GPUs waiting meanwhile (no overlap with compute: a bound)
+    io_bytes = {"extraction": tokens * bytes_per_token, "training": plan.epochs * tokens * bytes_per_token}
+    rate = plan.filesystem_bytes_per_s if plan.hidden_state_files else None
+    io_s = {k: (io_bytes.get(k, 0) / rate if rate else 0.0) for k in work}
+    device_s = {k: work[k] + start[k] * gpus[k] * jobs[k] + io_s[k] * gpus[k] for k in work}
+    wall_s = {k: (work[k] / (gpus[k] * jobs[k]) + start[k] + io_s[k] / jobs[k]) if jobs[k] else 0.0 for k in work}
+    return {
+        "target": shape.name,
+        "device": device,
+        "gpu": gpu if device == "cuda" else None,
+        "conversations": plan.conversations,
+        "tokens": tokens,
+        "generated_tokens": generated,
+        "prefilled_tokens": prefilled,
+        "user_turns": plan.user_turns,
+        "device_hours": {k: v / 3600 for k, v in device_s.items()},
+        "wall_hours": {k: v / 3600 for k, v in wall_s.items()},
+        "hidden_state_bytes": tokens * bytes_per_token,
+        "bytes_per_token": bytes_per_token,
+        "rates_tokens_per_s": {"regeneration": decode, "extraction": extract, "training": train},
+        "io_hours": {k: v / 3600 for k, v in io_s.items() if v},
+        "filesystem_bytes_per_s": plan.filesystem_bytes_per_s,
+        "weights_bytes": shape.weights_bytes,
+        # each vLLM job's start: imports and the weights' load (the preflight's where it measured one)
+        "vllm_start_seconds": max(start_regeneration, start_extraction),
+        "vllm_start_measured": bool(measured) and any(f"{k}_load_seconds" in measured for k in ("regeneration", "extraction")),
+        "basis": _basis(device, measured),
+    }
+
+
+def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> float:
+    """One-device seconds of the evaluation (every evaluate_set job and evaluate_baseline
+    together): the target alone and the trained draft on every set, the untrained draft on the
+    headline set only (draftline.stages.evaluate), every answer at evaluate.max_new_tokens, each
+    draft at its speculative-decoding rate."""
+    headline = plan.eval_prompts if plan.eval_headline_prompts is None else plan.eval_headline_prompts
+    tokens = plan.eval_new_tokens
+    return tokens * (plan.eval_prompts / decode + plan.eval_prompts / (decode * speedup["trained"])
+                     + headline / (decode * speedup["untrained"]))
+
+
+def _basis(device: str, measured: dict | None) -> str:
+    if not measured:
+        return (
+            "H200: extraction and training measured on the 8B shape, scaled by FLOPs per token; "
+            "regeneration and evaluation assumed (0.3 of the matmul rate, not measured; speculative decoding "
+            "assumed no slower than the target alone with a trained draft)"
+            if device == "cuda" else
+            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token; evaluation at the "
+            "speculative-decoding rates measured on it"
+        )
+    figures = []
+    if "regeneration_tokens_per_s" in measured:
+        figures.append(f"regeneration {measured['regeneration_tokens_per_s']:,.0f} tok/s "
+                       f"({measured.get('prompts')} prompts at once: a run batches more, so this bounds it from below)")
+    if "extraction_tokens_per_s" in measured:
+        figures.append(f"extraction {measured['extraction_tokens_per_s']:,.0f} tok/s ({measured.get('rows')} rows)")
+    loads = [measured[k] for k in ("regeneration_load_seconds", "extraction_load_seconds") if k in measured]
+    if loads:
+        figures.append(f"start-up {max(loads):.0f} s per vLLM job")
+    gpus = measured.get("gpus_per_job") or 1
+    training = ("training measured on the 8B shape (H200), scaled by draft size" if device == "cuda" else
+                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")
+    rest = [s for s in ("regeneration", "extraction") if f"{s}_tokens_per_s" not in measured]
+    assumed = f"; {' and '.join(rest)} as without it" if rest else ""
+    jobs = f", jobs of {gpus} GPU(s)" if device == "cuda" else ""
+    return (f"measured by this run's preflight ({measured.get('source', 'results/preflight/report.json')}{jobs}): "
+            f"{', '.join(figures)}{assumed}; {training}")

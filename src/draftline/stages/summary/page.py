@@ -1,0 +1,146 @@
+"""The page: summary.md's sections as markdown (to_markdown), and writing summary.md and
+summary.json (write_summary)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from draftline.runtime.atomic import atomic_file
+
+log = logging.getLogger(__name__)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def to_markdown(summary: dict) -> str:
+    lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
+    if summary["warnings"]:
+        lines += ["## Warnings", "", *[f"- {w}" for w in summary["warnings"]], ""]
+    if summary.get("notes"):
+        lines += ["## Notes", "", *[f"- {n}" for n in summary["notes"]], ""]
+    acceptance = pd.DataFrame(summary["acceptance"])
+    if not acceptance.empty:
+        k = summary["num_speculative_tokens"]
+        lines += [f"## Acceptance (k = {k}; headline: the {summary['headline_set']} set)", ""]
+        lines += ["| set | prompts | draft | mean acceptance length [95%] | " + " | ".join(f"pos {i + 1}" for i in range(k))
+                  + " | tok/s | speed-up |", "|---" * (6 + k) + "|"]
+        for row in acceptance.to_dict("records"):
+            interval = row.get("interval_95")
+            mal = _fmt(row["mean_acceptance_length"]) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+            cells = [row["set"] + (" (headline)" if row["headline"] else ""), _fmt(row["prompts"]), row["draft"], mal,
+                     *[_fmt(row.get(f"position_{i + 1}")) for i in range(k)],
+                     f"{row['output_tokens_per_s']:.1f}" if row.get("output_tokens_per_s") is not None else "n/a",
+                     _fmt(row.get("speedup"))]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", f"Every speculative output identical to the target's own: {summary['lossless']}.", ""]
+    training = summary["training"]
+    if training:
+        lines += ["## Training", "",
+                  f"Published epoch {training['chosen_epoch']} of {training['epochs']} ({training['reason']}); "
+                  f"{training['optimizer']} on {training['device']} x {training['world_size']}, "
+                  f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]
+        skipped = training.get("skipped_samples")
+        if skipped is not None:
+            lines[-1:-1] = [
+                f"Samples skipped without hidden states: {skipped['total']} ({skipped['training']} in training, "
+                f"{skipped['validation']} in validation; {skipped['allowed']} allowed).",
+            ]
+    fidelity = summary.get("hidden_state_fidelity")
+    if fidelity:
+        lowest = fidelity.get("lowest_shard_top1_assistant")
+        lines += ["## Hidden-state fidelity", "",
+                  f"Checked before training ({fidelity['mode']}): the target's own final norm + lm_head on the stored "
+                  f"last layer predicts the next token on {_fmt(fidelity['top1_assistant'])} of "
+                  f"{fidelity['assistant_tokens']} assistant positions in {fidelity['rows']} rows"
+                  + (f" (lowest shard {_fmt(lowest)})" if lowest is not None else "")
+                  + f"; bar {fidelity['min_top1']} ({fidelity['basis']}). Every stored layer non-zero, varying over "
+                  "tokens and distinct from the others."
+                  + ("".join(f" Bar of {shard}: {bar}." for shard, bar in sorted(fidelity["bars"].items()))
+                     if fidelity.get("bars") else "")
+                  + (f" **Not checked** (made without the check): {', '.join(fidelity['unchecked_shards'])}."
+                     if fidelity.get("unchecked_shards") else ""), ""]
+    data, truncation = summary["data"], summary["truncation"]
+    lines += ["## Data", "", "| what | count |", "|---|---|"]
+    lines += [f"| {key.replace('_', ' ')} | {_fmt(value)} |" for key, value in data.items() if value is not None]
+    if truncation:
+        if truncation.get("answers") is not None:
+            lines.append(
+                f"| answers cut at max_new_tokens ({truncation['max_new_tokens']}) | "
+                f"{truncation['answers_cut_at_max_new_tokens']} of {truncation['answers']} "
+                f"({_share(truncation['answers_cut_share'])}; "
+                f"{truncation.get('answers_cut_repeating', 0)} of them repeating themselves) |"
+            )
+        if truncation.get("conversations_cut_at_max_seq_len") is not None:
+            lines.append(
+                f"| conversations cut at max_seq_len | {truncation['conversations_cut_at_max_seq_len']} "
+                f"({_share(truncation['conversations_cut_share'])}) |"
+            )
+    lines += _dropped_rows(summary["training"])
+    if summary.get("sources"):
+        lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
+                  "|---|---|---|---|---|---|"]
+        for source in summary["sources"]:
+            reasons = ", ".join(f"{code}: {n}" for code, n in sorted((source["rejected_reasons"] or {}).items()))
+            lines.append(
+                f"| {source['path']} | {source['format']} | {source['rows_read']} | {source['kept']} | "
+                f"{source['duplicates']} | {source['rejected']}{f' ({reasons})' if reasons else ''} |"
+            )
+    lines += ["", f"## Disk used: {_size(summary['disk_bytes_total'])}", "", "| folder (results/) | size |", "|---|---|"]
+    lines += [f"| {folder} | {_size(size)} |" for folder, size in summary["disk_bytes"].items()]
+    total = sum(summary["wall_seconds"].values())
+    lines += ["", f"## Wall time per job, longest first (sum {_duration(total)}; parallel jobs overlap)", "",
+              "| job | wall time |", "|---|---|"]
+    lines += [f"| {job} | {_duration(s)} |" for job, s in summary["wall_seconds"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _dropped_rows(training: dict) -> list[str]:
+    """The Data table's rows for what speculators' sampler cut or left out (train/sampling.py)."""
+    dropped = (training or {}).get("dropped_samples")
+    if not dropped:
+        return []
+    train, val = dropped["training"], dropped["validation"]
+    return [
+        f"| samples cut at train.total_seq_len ({dropped['total_seq_len']}) | {train['truncated']} of "
+        f"{train['samples']} training ({train['truncated_tokens']} tokens never trained on), {val['truncated']} of "
+        f"{val['samples']} validation |",
+        f"| samples left out per epoch ({dropped['world_size']} training process(es)) | training "
+        f"{train['left_over_per_epoch']}, validation {val['left_over_per_epoch']} |",
+    ]
+
+
+def _share(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def write_summary(summary: dict, markdown: str | Path, json_path: str | Path) -> None:
+    with atomic_file(json_path) as handle:
+        handle.write(json.dumps(summary, indent=1, default=str) + "\n")
+    with atomic_file(markdown) as handle:
+        handle.write(to_markdown(summary))
+    for warning in summary["warnings"]:
+        log.warning("%s", warning)
+    log.info("wrote %s and %s", markdown, json_path)
