@@ -317,8 +317,8 @@ def test_remote_code_only_from_the_config():
 # assembled inside atomic_dir, the Trainer's run folder, a shard's staging folder, the
 # Trainer's metrics log (appended to while it trains).
 NOT_FINAL = {
-    ("target_model.py", "write_chat_template"), ("target_model.py", "_clean_tokenizer_config"),
-    ("target_model.py", "_write_provenance"), ("checkpoints.py", "open_run"), ("hidden_states.py", "extract_shard"),
+    ("folder.py", "write_chat_template"), ("folder.py", "clean_tokenizer_config"),
+    ("folder.py", "write_provenance"), ("checkpoints.py", "open_run"), ("hidden_states.py", "extract_shard"),
     ("entry.py", "emit"),
     # the per-user cache of target hashes (no output; save() writes a temporary file, then renames),
     # saved by the plan once it identified the target
