@@ -245,7 +245,8 @@ def test_each_engine_setting_has_one_default():
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in keys \
                     and node.value is not None and literal(node.value):
                 offenders.append(f"{line} {ast.unparse(node)}")
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and literal(node.value):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and literal(node.value) and \
+                    type(node.value.value) in (int, float):
                 for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     name = getattr(target, "id", "")
                     if "GPU_MEMORY" in name.upper() and name not in keys and path.name != "vllm_engine.py":
