@@ -17,6 +17,9 @@ One module per part, as the stages it checks:
   (run_hidden_states, fidelity_check)
 - speculative: an untrained draft of the run's config in vLLM's speculative decoding, lossless
   against the reference (run_speculative)
+- training: one step of the run's draft config through speculators' Trainer, launched by the
+  train stage's own code on the run's training GPUs (run_training, TrainingStep); its Trainer
+  process is training_entry (the train stage's entry, plus each rank's backend and peak memory)
 - report: the `preflight` target's verdict (verdict, PreflightFailed)
 - common: what the parts share (Part, PreflightSettings, RegenerationStages, attempt, skip_all)
 """
@@ -42,12 +45,13 @@ from draftline.preflight.regeneration import LOAD, REFERENCE, REGENERATION, TOKE
 from draftline.preflight.report import PreflightFailed, verdict
 from draftline.preflight.speculative import DRAFT, LOSSLESS, run_speculative
 from draftline.preflight.target import TargetFacts, TargetUnreadable, read_target
+from draftline.preflight.training import TRAINING, TrainingStep, failing_line, run_training
 
 __all__ = [
     "CORES", "DRAFT", "DRIVER", "EXTRACTION", "FIDELITY", "GPUS", "GPU_MEMORY", "HOST_MEMORY", "LOAD", "LOSSLESS",
-    "REFERENCE", "REGENERATION", "TARGET", "TOKENIZATION", "TORCH", "VERSIONS", "VLLM", "EnvironmentPlan", "Node",
-    "Part", "PreflightFailed", "PreflightSettings", "RegenerationStages", "TargetFacts", "TargetUnreadable",
-    "cuda_version", "driver_versions", "environment_checks", "fidelity_check", "first_rows", "import_vllm",
+    "REFERENCE", "REGENERATION", "TARGET", "TOKENIZATION", "TORCH", "TRAINING", "VERSIONS", "VLLM", "EnvironmentPlan", "Node",
+    "Part", "PreflightFailed", "PreflightSettings", "RegenerationStages", "TargetFacts", "TargetUnreadable", "TrainingStep",
+    "cuda_version", "driver_versions", "environment_checks", "failing_line", "fidelity_check", "first_rows", "import_vllm",
     "module_version", "probe", "read_target", "run_environment", "run_hidden_states", "run_regenerate",
-    "run_speculative", "verdict",
+    "run_speculative", "run_training", "verdict",
 ]
