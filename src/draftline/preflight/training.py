@@ -143,17 +143,20 @@ def run_training(part: Part, regenerate_dir: str | Path, config_dir: str | Path,
         env = child_env(where.trainer_threads, scratch / "metrics.jsonl", where.trainer_devices)
         env[RANKS_ENV] = str(scratch / "ranks")
         lines, output = _Lines(), logging.getLogger("draftline.stages.train.speculators")
+        level = output.level
         output.addHandler(lines)
+        output.setLevel(logging.INFO)  # every line reaches `lines`, whatever the job's logging
         started = time.monotonic()
         try:
             run_trainer(command, env)
-        except RuntimeError:
+        except RuntimeError as error:
             return failed(TRAINING, (
                 f"speculators' Trainer failed ({where.world_size} {device} process(es), {facts.algorithm} draft of "
-                f"{config_dir}): {failing_line(lines.lines)} (its output in {part.log_hint})"
+                f"{config_dir}): {failing_line(lines.lines or str(error).splitlines())} (its output in {part.log_hint})"
             ), world_size=where.world_size, device=device)
         finally:
             output.removeHandler(lines)
+            output.setLevel(level)
         seconds = round(time.monotonic() - started, 1)
         ranks = [json.loads(p.read_text()) for p in sorted((scratch / "ranks").glob("rank_*.json"))]
         steps = [r for r in metrics.records(scratch / "metrics.jsonl") if "step_ms" in (r.get("profile") or {})]
