@@ -1,5 +1,5 @@
-# Preflight: `snakemake ... preflight` checks the environment, every engine the run will
-# start and its Trainer, on a few prompts, in jobs with the run's own GPU count and settings, before the real
+# Preflight: `snakemake ... preflight` checks the environment, every engine the run will start
+# and its Trainer, on a few prompts, in jobs with the run's own GPU count and settings, before the real
 # run (draftline.preflight; docs/cluster.md, "Preflight"). One job per part, each vLLM engine in
 # a process of its own; each part records its checks and never fails by itself, the report rule
 # gathers them, and the `preflight` rule fails (after the report is written) when one failed,

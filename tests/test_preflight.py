@@ -1,8 +1,9 @@
 """`snakemake ... preflight` (draftline.preflight): the environment checks on fake nodes (a CPU
 torch planned for cuda, too few GPUs, a CUDA 12 driver under a CUDA 13 torch, busy GPUs, a
 partial download) fail with a reason that names the fix; the report and the verdict; the sizing
-with the preflight's rates; and, on the embedded default (slow), the whole preflight on CPU:
-real vLLM regeneration, extraction and speculative decoding with an untrained draft."""
+with the preflight's rates; the training step through the real Trainer on the tiny model (dag);
+and, on the embedded default (slow), the whole preflight on CPU: real vLLM regeneration,
+extraction and speculative decoding with an untrained draft, and a training step."""
 
 from __future__ import annotations
 
