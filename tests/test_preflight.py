@@ -351,7 +351,7 @@ def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
     assert len((pf / "regenerate/conversations.jsonl").read_text().splitlines()) == 4
     assert (pf / "hidden_states/shard/hs_0.safetensors").is_file()
     assert (pf / "speculative/untrained_draft/model.safetensors").is_file()
-    for key in ("regeneration_tokens_per_s", "extraction_tokens_per_s", "regeneration_load_seconds"):
+    for key in ("regeneration_tokens_per_s", "extraction_tokens_per_s", "regeneration_load_seconds", "training_step_seconds"):
         assert report["measured"][key] > 0, key
     # the plan of the run now sizes it with the preflight's rates
     dry = snakemake(tmp_path, "-n")
