@@ -78,15 +78,16 @@ def _link(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def step_inputs(scratch: Path, target_dir, regenerate_dir, shard: Path, config_dir, layer_ids_path, step: TrainingStep,
-                world_size: int):
-    """TrainInputs for the check: the extracted rows repeated to at least two per rank (a training
-    and a validation row each), their hidden-state files linked, vocab maps from the rows' frequencies."""
+def step_inputs(part: Part, regenerate_dir, config_dir, layer_ids_path, step: TrainingStep, world_size: int):
+    """TrainInputs for the check, in the part's scratch folder: the extracted rows repeated to at
+    least two per rank (a training and a validation row each), their hidden-state files linked,
+    vocab maps from the rows' frequencies."""
     from datasets import concatenate_datasets, load_from_disk
 
     from draftline.stages import vocab
     from draftline.stages.train import TrainInputs
 
+    scratch, shard, target_dir = Path(part.out_dir) / "scratch", Path(part.upstream_dir) / "shard", part.target_dir
     tokenized = Path(regenerate_dir) / "tokenized"
     rows = load_from_disk(str(tokenized / "dataset"))
     n = max(len(rows), 2 * world_size)
@@ -130,8 +131,7 @@ def run_training(part: Part, regenerate_dir: str | Path, config_dir: str | Path,
                 f"this job has {where.world_size} {device} Trainer process(es) for {planned} (CUDA_VISIBLE_DEVICES="
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): give preflight_training the train rule's gpu "
                 "(the profile's set-resources)"), world_size=where.world_size)
-        inputs = step_inputs(scratch, part.target_dir, regenerate_dir, Path(part.upstream_dir) / "shard", config_dir,
-                             layer_ids_path, step, where.world_size)
+        inputs = step_inputs(part, regenerate_dir, config_dir, layer_ids_path, step, where.world_size)
         facts = check_inputs(inputs)  # the train stage's own checks: config, layer ids, vocab maps, every file
         # one epoch, half the rows validation (a row per rank each), stopped after its first step
         settings = replace(step.settings, epochs=1, train_fraction=0.5, checkpoint_freq=1.0)
