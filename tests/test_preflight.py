@@ -301,7 +301,7 @@ def test_a_broken_draft_config_fails_the_training_check_and_the_preflight_in_one
     assert "expected [seq, 4, 96]" in check["reason"]
 
 
-def test_the_training_check_waits_for_extracted_rows_and_names_a_trainers_failing_line(tmp_path):
+def test_the_training_check_needs_extracted_rows_and_the_runs_gpus_and_names_the_trainers_failing_line(tmp_path, monkeypatch):
     report_file.write_part(tmp_path / "hidden_states", "hidden_states",
                            [report_file.failed(preflight.EXTRACTION, "the engine did not start")])
     record = preflight.run_training(preflight.Part("target", tmp_path / "hidden_states", tmp_path / "training"),
@@ -309,6 +309,17 @@ def test_the_training_check_waits_for_extracted_rows_and_names_a_trainers_failin
                                     preflight.TrainingStep(None, draft_vocab_size=64))
     check = record["checks"][0]
     assert check["status"] == NOT_RUN and "hidden-state extraction fail" in check["reason"], check["reason"]
+    # a run planned for 2 GPUs, in a job that sees none: the Trainer is not started on the CPU instead
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report_file.write_part(tmp_path / "hidden_states", "hidden_states", [report_file.passed(preflight.EXTRACTION, "4 rows")])
+    record = preflight.run_training(preflight.Part("target", tmp_path / "hidden_states", tmp_path / "training"),
+                                    tmp_path / "regenerate", tmp_path / "config", tmp_path / "layer_ids.json",
+                                    preflight.TrainingStep(None, draft_vocab_size=64, gpus=2))
+    check = record["checks"][0]
+    assert check["status"] == FAIL and "the run trains on 2 GPU(s) (world size 2) but this job can start 0" in check["reason"]
+    assert "give preflight_training the train rule's gpu" in check["reason"]
     # torchrun's summary follows the rank's own error: the rank's line is the reason
     output = [
         "[rank1]: Traceback (most recent call last):",

@@ -125,12 +125,12 @@ def run_training(part: Part, regenerate_dir: str | Path, config_dir: str | Path,
     def train_one_step() -> Check:
         where = place(step.gpus, step.threads, HiddenStateSource())  # offline: the extracted files
         device = "cuda" if where.cuda else "cpu"
-        planned = f"the run's world size {step.gpus}" if step.gpus else "the CPU"
-        if where.world_size != max(step.gpus, 1):
+        if step.gpus and (not where.cuda or where.world_size != step.gpus):
+            seen = where.world_size if where.cuda else 0
             return failed(TRAINING, (
-                f"this job has {where.world_size} {device} Trainer process(es) for {planned} (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): give preflight_training the train rule's gpu "
-                "(the profile's set-resources)"), world_size=where.world_size)
+                f"the run trains on {step.gpus} GPU(s) (world size {step.gpus}) but this job can start {seen} GPU "
+                f"process(es) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): give "
+                "preflight_training the train rule's gpu (the profile's set-resources)"), world_size=seen)
         inputs = step_inputs(part, regenerate_dir, config_dir, layer_ids_path, step, where.world_size)
         facts = check_inputs(inputs)  # the train stage's own checks: config, layer ids, vocab maps, every file
         # one epoch, half the rows validation (a row per rank each), stopped after its first step
