@@ -236,7 +236,7 @@ def test_every_format_is_counted_for_the_plan_as_the_prompts_job_reads_it(tmp_pa
     # a split the cache does not size, a JSON list too large to parse at plan time: why not
     rows, why = sources.count_rows([SHAREGPT, "hf:acme/tiny-chats:test"])
     assert rows is None and why == "hf:acme/tiny-chats:test: no cached dataset_info.json gives the size of split 'test'"
-    monkeypatch.setattr(sources, "COUNT_JSON_LIST_MAX_BYTES", 10)
+    monkeypatch.setattr(sources.json_files, "COUNT_JSON_LIST_MAX_BYTES", 10)
     rows, why = sources.count_rows([ROWS_JSON])
     assert rows is None and why.startswith(f"{ROWS_JSON}: a JSON list of 0 MiB, counted by the prompts job")
 
