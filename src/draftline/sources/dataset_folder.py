@@ -24,6 +24,12 @@ def open_folder(raw: str) -> Any:
                 f"(datasets.load_from_disk: {exc}) (fix: point prompts.sources at a JSONL file or a "
                 "save_to_disk folder, or write it again with Dataset.save_to_disk)"
             ) from None
+        except IndexError as exc:  # datasets 5.1 reads a dataset saved without rows (no data file) so
+            raise PromptError(
+                f"{raw}: cannot be loaded with datasets.load_from_disk (IndexError: {exc}), as a dataset saved "
+                "without rows cannot (fix: add conversations or remove it from prompts.sources; else write it "
+                "again with Dataset.save_to_disk)"
+            ) from None
         except Exception as exc:  # datasets and pyarrow raise several types for a damaged folder
             raise PromptError(
                 f"{raw}: cannot be loaded with datasets.load_from_disk ({exc}) "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from draftline.sources.conversation import conversation_id, normalize_conversation
-from draftline.sources.errors import BadRow, RawRow, row_error
+from draftline.sources.errors import BadRow, PromptError, RawRow, row_error
 from draftline.sources.formats import format_of
 
 
@@ -34,6 +34,8 @@ def count_rows(paths: Sequence[str]) -> tuple[int | None, str | None]:
     for raw in paths:
         try:
             rows = format_of(raw).count(raw)
+        except PromptError as exc:  # its message names the source
+            return None, str(exc)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged source: the prompts job says how
             return None, f"{raw} could not be counted ({type(exc).__name__}: {exc})"
         if isinstance(rows, str):
