@@ -15,7 +15,8 @@ from draftline.sources.spec import HubSource, hub_source
 
 def _hub(raw: str) -> HubSource:
     hub = hub_source(raw)
-    assert hub is not None, raw
+    if hub is None:
+        raise PromptError(f"{raw}: not a hub dataset source (fix: write hf:ORG/NAME[/CONFIG][:SPLIT])")
     return hub
 
 
