@@ -55,8 +55,9 @@ HUB = Format("hub", True, open_hub, read_hub, first_hub_rows, count_hub_rows, hu
 
 
 def format_of(raw: str) -> Format:
-    """`hf:...` a hub dataset, a folder save_to_disk's, a `.json` file holding a list a JSON list,
-    a `.parquet` file Parquet, anything else JSONL (a path that is not there too: its check says so)."""
+    """The format of a source: HUB for `hf:...`, DATASET for a folder, JSON_LIST for a `.json` file
+    holding a list, PARQUET for a `.parquet` file, else JSONL (a path that is not there too: its
+    check says so)."""
     if hub_source(raw) is not None:
         return HUB
     path = Path(raw)
