@@ -184,7 +184,7 @@ def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_
     assert " 77 training conversations x" in line(summary=summary)
 
     config["prompts"]["max_samples"] = None
-    monkeypatch.setattr(sources, "COUNT_JSON_LIST_MAX_BYTES", 100)
+    monkeypatch.setattr(sources.json_files, "COUNT_JSON_LIST_MAX_BYTES", 100)
     text = line()
     assert text.startswith(f"no sizing estimate before the first job: {rows}: a JSON list of ") and \
         text.endswith("set prompts.max_samples to size the run before the prompts job"), text

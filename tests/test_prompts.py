@@ -236,9 +236,30 @@ def test_every_format_is_counted_for_the_plan_as_the_prompts_job_reads_it(tmp_pa
     # a split the cache does not size, a JSON list too large to parse at plan time: why not
     rows, why = sources.count_rows([SHAREGPT, "hf:acme/tiny-chats:test"])
     assert rows is None and why == "hf:acme/tiny-chats:test: no cached dataset_info.json gives the size of split 'test'"
-    monkeypatch.setattr(sources, "COUNT_JSON_LIST_MAX_BYTES", 10)
+    monkeypatch.setattr(sources.json_files, "COUNT_JSON_LIST_MAX_BYTES", 10)
     rows, why = sources.count_rows([ROWS_JSON])
     assert rows is None and why.startswith(f"{ROWS_JSON}: a JSON list of 0 MiB, counted by the prompts job")
+
+
+def test_the_plan_of_jsonl_sources_does_not_import_datasets(tmp_path):
+    """`datasets` is imported only for a save_to_disk folder or an hf: source: the default
+    config's dry run (JSONL prompts) does not pay its import."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from draftline.sources import check_sources, count_rows, read_source, source_files\n"
+        f"paths = [{MESSAGES!r}, {ROWS_JSON!r}]\n"
+        "check_sources(paths); count_rows(paths); source_files(paths)\n"
+        "[list(read_source(p)[2]) for p in paths]\n"
+        "print('datasets' in sys.modules)\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": src})
+    assert out.stdout.strip() == "False", out.stderr
 
 
 # ------------------------------------------------------------------------------- ids, dedupe

@@ -25,8 +25,9 @@ STAGES = {
 }
 # What stages share: the files between them, the seams, the job's runtime, the lineage, the
 # plan-time layer (planning/, but for its driver) and the fidelity check; the data sources.
-SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "planning", "fidelity")
-SHARED_MODULES = {"draftline", "draftline.stages", "draftline.sources"}
+SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "planning", "fidelity",
+                   "sources")
+SHARED_MODULES = {"draftline", "draftline.stages"}
 # What runs several stages' own code: the checks on a few rows before a run (`preflight`; they
 # import stages, so a fix in one reruns them) and the run's plan at parse time (`planning.plan`,
 # which rules/common.smk calls). Nothing imports them.
