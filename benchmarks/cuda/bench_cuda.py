@@ -90,13 +90,14 @@ def main() -> None:
                     "and second call), the like-for-like variants, the matmul rate before, between and after, "
                     "and a first call with the page cache dropped (overrides --stages)")
     ap.add_argument("--rounds", type=int, default=3, help="repetitions of each extraction variant (extraction_variants, "
-                    "extraction_vllm) and of each regeneration batch")
+                    "extraction_vllm)")
     ap.add_argument("--chunk-rows", type=int, default=64, help="extraction_vllm: rows per call (the hidden_states "
                     "rule's chunk_rows)")
     recipe = recipe_settings()
     ap.add_argument("--regen-batches", default=",".join(map(str, recipe["batches"])),
                     help="regeneration: conversations per call, comma-separated (default: the 8B recipe's, "
                     "preflight.prompts and regenerate.chunk_conversations)")
+    ap.add_argument("--regen-rounds", type=int, help="regeneration: repetitions of each batch (default: --rounds)")
     ap.add_argument("--max-new-tokens", type=int, default=recipe["max_new_tokens"],
                     help="regeneration: regenerate.max_new_tokens (default: the 8B recipe's)")
     ap.add_argument("--max-model-len", type=int, default=recipe["max_model_len"],
@@ -161,7 +162,8 @@ def main() -> None:
     stage("extraction_vllm", lambda: extraction_vllm(a.work, target, a.rounds, a.chunk_rows,
                                                      lambda partial: res.put("extraction_vllm", partial)))
     stage("matmul_mid", mm)
-    stage("regeneration", lambda: regeneration(a.work, target, [int(b) for b in a.regen_batches.split(",")], a.rounds,
+    stage("regeneration", lambda: regeneration(a.work, target, [int(b) for b in a.regen_batches.split(",")],
+                                               a.regen_rounds or a.rounds,
                                                a.max_new_tokens, a.max_model_len,
                                                lambda partial: res.put("regeneration", partial)))
     stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds))

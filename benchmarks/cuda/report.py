@@ -178,5 +178,9 @@ def markdown_rates(s: dict) -> list[str]:
         for b, m in g["summary"].items():
             t = m["tokens_per_s"]
             lines.append(f"| {b} | {t['min']:,.0f} | **{t['median']:,.0f}** | {t['max']:,.0f} |")
+        decode = s.get("compute_limit", {}).get("decode_fraction")
+        if decode:
+            lines += ["", f"As sizing's decoding fraction ({decode['formula']}): "
+                      + ", ".join(f"batch {b}: **{v}**" for b, v in decode.items() if b != "formula")]
         lines.append("")
     return lines
