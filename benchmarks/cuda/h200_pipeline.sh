@@ -23,6 +23,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 W=${H200_WORK:-/root/w}  # the runs' copies, logs and queue (H200_WORK: elsewhere, to try the queue)
 export DRAFTLINE_USE_ENV=/root/venv DRAFTLINE_GPU_LOCKFILE=vllm0.26 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export DRAFTLINE_GPU_LOCK_DIR=$W/gpu-locks
+POLL=${H200_POLL:-10}  # seconds between looks at the runs
 # bench_cuda.py's rate measurements (its RATE_STAGES) and their sizes; RATES_ARGS overrides the sizes
 RATE_STAGES=matmul,target,data,extraction_vllm,matmul_mid,regeneration,matmul_end
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 128 --seq-len 2048 --rounds 3 --regen-rounds 2}
@@ -84,7 +85,7 @@ drive() {  # the queue, in the background: each phase's runs together, then the 
       start_run "$run"
     done
     for run in "${runs[@]}"; do
-      while [[ $(state "$run") == running ]]; do sleep 10; done
+      while [[ $(state "$run") == running ]]; do sleep "$POLL"; done
       echo "$run: $(state "$run") $(tail -1 "$W/$run/status")"
     done
   done
@@ -158,7 +159,7 @@ case "${1:-}" in
         for s in "$W"/*/status; do grep -q '^end' <(tail -1 "$s") || running=$((running + 1)); done
         (( running == 0 )) && break
       fi
-      sleep 10
+      sleep "$POLL"
     done
     [[ -f $W/session.log ]] && tail -12 "$W/session.log"
     report
