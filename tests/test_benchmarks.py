@@ -201,6 +201,29 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
     assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()
 
 
+def test_compare_acceptance_without_per_prompt_counts_says_so_and_compares_unpaired(tmp_path):
+    """An evaluation by a vLLM that keeps no per-request metrics (vLLM 0.26, the H200 host's) has no
+    per-prompt counts: the paired comparison refuses it and names --unpaired, which sets its set
+    figure against the other file's own 95% interval."""
+    record = BENCH / "results" / "default_acceptance.json"
+    stored = json.loads(record.read_text())["acceptance"]
+    for prompt_set in stored["sets"].values():
+        for draft in prompt_set["drafts"].values():
+            draft.pop("per_prompt", None)
+    cuda = tmp_path / "acceptance.json"
+    cuda.write_text(json.dumps(stored))
+    refused = _python(str(BENCH / "compare_acceptance.py"), str(cuda), str(record))
+    assert refused.returncode == 1 and "no per_prompt counts" in refused.stderr and "--unpaired" in refused.stderr
+    done = _python(str(BENCH / "compare_acceptance.py"), str(cuda), str(record), "--unpaired", "--json",
+                   str(tmp_path / "c.json"))
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "c.json").read_text())
+    mean = round(stored["sets"]["test"]["drafts"]["trained"]["mean_acceptance_length"], 4)
+    assert result["paired"] is False and result["mean_acceptance_length_a"] == mean and result["a_inside_b_interval"]
+    low, high = result["b"]["bootstrap_95"]
+    assert f"[{low}, {high}]" in done.stdout and "A is inside B's interval" in done.stdout
+
+
 def test_bench_cuda_rejects_an_unknown_size():
     result = _python(str(CUDA / "bench_cuda.py"), "--out", "o", "--work", "w", "--size", "70b")
     assert result.returncode == 2
