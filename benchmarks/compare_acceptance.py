@@ -84,7 +84,7 @@ def unpaired(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"a": args.a, "b": args.b, "set": args.set, "draft_a": args.draft_a, "draft_b": args.draft_b,
-                       "paired": False, "mean_acceptance_length_a": mean_a, "b": b, "a_inside_b_interval": inside,
+                       "paired": False, "mean_acceptance_length_a": mean_a, "b_interval": b, "a_inside_b_interval": inside,
                        "a_acceptance_per_position": a_draft.get("acceptance_per_position")}, out, indent=1)
             out.write("\n")
     return 0

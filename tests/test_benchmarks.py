@@ -220,7 +220,8 @@ def test_compare_acceptance_without_per_prompt_counts_says_so_and_compares_unpai
     result = json.loads((tmp_path / "c.json").read_text())
     mean = round(stored["sets"]["test"]["drafts"]["trained"]["mean_acceptance_length"], 4)
     assert result["paired"] is False and result["mean_acceptance_length_a"] == mean and result["a_inside_b_interval"]
-    low, high = result["b"]["bootstrap_95"]
+    low, high = result["b_interval"]["bootstrap_95"]
+    assert result["b"] == str(record)
     assert f"[{low}, {high}]" in done.stdout and "A is inside B's interval" in done.stdout
 
 
