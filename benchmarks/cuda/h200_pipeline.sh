@@ -7,6 +7,7 @@
 #   bash benchmarks/cuda/h200_pipeline.sh session [PHASE...]  # start the session's queue, return at once
 #   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS        # wait (at most SECONDS), copy what is done into $OUT
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
+#   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 # RUN: default (the quick start's whole DAG to results/summary.md), preflight (every part), online
 # (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
 # extraction_vllm, regeneration). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
@@ -31,6 +32,7 @@ DEFAULT_PHASES=("default+preflight" "rates")
 
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()
+  [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
   [[ -f "$REPO/benchmarks/cuda/h200_configs/$run.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$run.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   case $run in
@@ -142,6 +144,11 @@ case "${1:-}" in
     echo $! > "$W/session.pid"
     sleep 2
     cat "$W/session.log" ;;
+  rates-args)  # the rates' sizes from now on (read when the rates start): e.g. rates-args --size 8b --rows 64
+    shift
+    mkdir -p "$W"
+    echo "$*" > "$W/rates.args"
+    echo "rates: $(run_command rates | tr '\n' ' ')" ;;
   _drive)
     shift
     drive "$@" ;;
@@ -164,5 +171,5 @@ case "${1:-}" in
     [[ -f $W/session.log ]] && tail -12 "$W/session.log"
     report
     pack ;;
-  *) echo "usage: $0 session [PHASE...] | wait SECONDS | start RUN..." >&2; exit 2 ;;
+  *) echo "usage: $0 session [PHASE...] | wait SECONDS | start RUN... | rates-args ARGS..." >&2; exit 2 ;;
 esac
