@@ -195,7 +195,7 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
         assert len(lines["default"]) == 2  # started once: it ended with rc 0
     assert "phase rates" in (tmp_path / "w" / "session.log").read_text()
     assert "--configfile=benchmarks/cuda/h200_configs/preflight.yaml preflight" in lines["preflight"][0]
-    assert "--stages matmul,target,data,extraction_vllm,matmul_mid,regeneration,matmul_end" in lines["rates"][0]
+    assert "--stages matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end" in lines["rates"][0]
     out = tmp_path / "out"
     assert {p.name for p in (out / "default").iterdir()} >= {"summary.md", "acceptance.json", "status"}
     assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()

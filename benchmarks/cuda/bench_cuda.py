@@ -66,7 +66,7 @@ STAGES = ("matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,ext
 MORE_STAGES = ("train_1gpu_workers0", "headline", "headline_synced", "headline_disk_cold", "matmul_mid", "matmul_end",
                "extraction_vllm", "regeneration")
 # The vLLM rates (issue 34): `--stages` with these, the matmul rate before, between and after.
-RATE_STAGES = "matmul,target,data,extraction_vllm,matmul_mid,regeneration,matmul_end"
+RATE_STAGES = "matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end"
 # `--only extraction`: the stage in a fresh process, the variants, the matmul rate around them.
 EXTRACTION_STAGES = ("matmul,target,data,headline,headline_synced,headline_disk_cold,matmul_mid,extraction_variants,"
                      "matmul_end")
@@ -159,13 +159,22 @@ def main() -> None:
     stage("headline", lambda: headline(a.work, target, 3))
     stage("headline_synced", lambda: headline(a.work, target, 3, sync_first=True))
     stage("headline_disk_cold", lambda: headline(a.work, target, 2, drop_caches=True))
-    stage("extraction_vllm", lambda: extraction_vllm(a.work, target, a.rounds, a.chunk_rows,
-                                                     lambda partial: res.put("extraction_vllm", partial)))
-    stage("matmul_mid", mm)
+    def keep(name):
+        """A measurement's figures so far, and the limit's fractions of them: a run cut short keeps both."""
+        def put(partial):
+            res.put(name, partial)
+            limit_ = compute_limit(res.data["stages"], flops)
+            if limit_:
+                res.put("compute_limit", limit_)
+        return put
+
+    # The vLLM rates: regeneration first (one process), then the extraction rounds, each process's
+    # figures kept as it ends.
     stage("regeneration", lambda: regeneration(a.work, target, [int(b) for b in a.regen_batches.split(",")],
-                                               a.regen_rounds or a.rounds,
-                                               a.max_new_tokens, a.max_model_len,
-                                               lambda partial: res.put("regeneration", partial)))
+                                               a.regen_rounds or a.rounds, a.max_new_tokens, a.max_model_len,
+                                               keep("regeneration")))
+    stage("matmul_mid", mm)
+    stage("extraction_vllm", lambda: extraction_vllm(a.work, target, a.rounds, a.chunk_rows, keep("extraction_vllm")))
     stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds))
     stage("matmul_end", mm)
     limit = compute_limit(res.data["stages"], flops)

@@ -26,7 +26,7 @@ export DRAFTLINE_USE_ENV=/root/venv DRAFTLINE_GPU_LOCKFILE=vllm0.26 HF_HUB_OFFLI
 export DRAFTLINE_GPU_LOCK_DIR=$W/gpu-locks
 POLL=${H200_POLL:-10}  # seconds between looks at the runs
 # bench_cuda.py's rate measurements (its RATE_STAGES) and their sizes; RATES_ARGS overrides the sizes
-RATE_STAGES=matmul,target,data,extraction_vllm,matmul_mid,regeneration,matmul_end
+RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 128 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default+preflight" "rates")
 
