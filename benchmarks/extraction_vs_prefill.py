@@ -124,6 +124,7 @@ def main() -> None:
         configure_vllm_cpu,
         default_dtype,
         enforce_eager_for,
+        gpu_memory_share,
         has_cuda,
         shutdown,
         target_llm,
@@ -152,7 +153,7 @@ def main() -> None:
         settings = EngineSettings(max_model_len=max_len, dtype=dtype, enforce_eager=eager, threads=args.threads)
         # what the vllm backend passes besides the settings: no prefix caching (every row is
         # computed) and its default GPU memory share (used on CUDA only)
-        common = dict(enable_prefix_caching=False, gpu_memory_utilization=0.85)
+        common = dict(enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_share(settings, extraction=True))
         chunks = [list(range(i, min(i + args.chunk_rows, len(rows)))) for i in range(0, len(rows), args.chunk_rows)]
 
         t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-# Preflight: `snakemake ... preflight` checks the environment and every engine the run will
-# start, on a few prompts, in jobs with the run's own GPU count and settings, before the real
+# Preflight: `snakemake ... preflight` checks the environment, every engine the run will start
+# and its Trainer, on a few prompts, in jobs with the run's own GPU count and settings, before the real
 # run (draftline.preflight; docs/cluster.md, "Preflight"). One job per part, each vLLM engine in
 # a process of its own; each part records its checks and never fails by itself, the report rule
 # gathers them, and the `preflight` rule fails (after the report is written) when one failed,
@@ -145,11 +145,50 @@ rule preflight_speculative:
         "../scripts/preflight_speculative.py"
 
 
+# One training step of the run's draft config through speculators' Trainer, launched by the train
+# stage's own code on the train job's GPUs and threads, on the rows the hidden-state part extracted.
+rule preflight_training:
+    input:
+        target=target_input(),
+        regenerate=rules.preflight_regenerate.output[0],
+        hidden_states=rules.preflight_hidden_states.output[0],
+        config=rules.speculator_config.output[0],
+        layer_ids=rules.layer_ids.output[0],
+    output:
+        directory("results/preflight/training"),
+    log:
+        "logs/preflight/training.log",
+    benchmark:
+        "results/preflight/benchmarks/training.tsv"
+    conda:
+        "../envs/gpu.yaml"
+    # the train job's (rules/train.smk)
+    threads: 2
+    resources:
+        # the train job's GPUs, the profile's or --set-resources' train:gpu included (PLAN.train_gpus);
+        # the Trainer takes the planned world size of them (online mode's server GPUs stay idle)
+        gpu=PLAN.train_gpus,
+        nodes=ONE_NODE,
+    params:
+        code=code("preflight", script="preflight_training"),
+        target=TARGET_IDENTITY,
+        target_dir=TARGET_PATH,
+        train=config["train"],
+        # optimizer, loader workers and world size resolved for the planned device (as the train rule's)
+        planned=RESOLVED["train"],
+        versions=versions("speculators", "torch", "transformers"),
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+    script:
+        "../scripts/preflight_training.py"
+
+
 PREFLIGHT_PARTS = dict(
     environment=rules.preflight_environment.output[0],
     regenerate=rules.preflight_regenerate.output[0],
     hidden_states=rules.preflight_hidden_states.output[0],
     speculative=rules.preflight_speculative.output[0],
+    training=rules.preflight_training.output[0],
 )
 
 

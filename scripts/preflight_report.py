@@ -6,5 +6,5 @@ from draftline.runtime.logs import log_to
 
 if __name__ == "__main__":
     log_to(snakemake.log[0])
-    parts = {name: snakemake.input[name] for name in ("environment", "regenerate", "hidden_states", "speculative")}
+    parts = {name: snakemake.input[name] for name in ("environment", "regenerate", "hidden_states", "speculative", "training")}
     write_report(assemble(parts, snakemake.params.plan), snakemake.output.json, snakemake.output.markdown)

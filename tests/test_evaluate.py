@@ -153,6 +153,7 @@ def evaluation(tiny_model, tmp_path_factory):
     import vllm
 
     import draftline.stages.evaluate as ev
+    from draftline.stages.evaluate import measure
     from draftline.stages.speculator_config import write_speculator_config
 
     tmp = tmp_path_factory.mktemp("evaluate")
@@ -193,7 +194,7 @@ def evaluation(tiny_model, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm.LLM, "get_metrics", get_metrics)
-        mp.setattr(ev, "engine_for", engine_for)
+        mp.setattr(measure, "engine_for", engine_for)  # where evaluate() loads each engine
         summary = ev.evaluate(
             tiny_model, {"test": heldout, "mine": mine}, {"trained": oracle, "untrained": untrained}, tmp / "acceptance.json",
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),

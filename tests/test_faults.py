@@ -277,9 +277,9 @@ LOADERS = {"from_pretrained", "LLM", "get_verifier_config", "resolve_target_laye
 
 
 def _python_files():
-    # the step code: src/draftline's modules, a stage package's modules (train/) too, and the scripts
+    # the step code: src/draftline's modules, a package's modules (train/, preflight/) too, and the scripts
     src = REPO / "src" / "draftline"
-    return sorted([*src.glob("*.py"), *src.glob("train/*.py")]) + sorted((REPO / "scripts").glob("*.py"))
+    return sorted([*src.glob("*.py"), *src.glob("train/*.py"), *src.glob("preflight/*.py")]) + sorted((REPO / "scripts").glob("*.py"))
 
 
 def test_remote_code_only_from_the_config():
@@ -320,6 +320,8 @@ NOT_FINAL = {
     ("folder.py", "write_chat_template"), ("folder.py", "clean_tokenizer_config"),
     ("folder.py", "write_provenance"), ("checkpoints.py", "open_run"), ("hidden_states.py", "extract_shard"),
     ("entry.py", "emit"),
+    # the preflight's training step: its scratch folder (removed after the step) and each rank's record in it
+    ("training.py", "step_inputs"), ("training_entry.py", "main"),
     # the per-user cache of target hashes (no output; save() writes a temporary file, then renames),
     # saved by the plan once it identified the target
     ("target_hash_cache.py", "_locked"), ("target_hash_cache.py", "hash_ahead"), ("plan.py", "_resolve_target"),

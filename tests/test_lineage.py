@@ -104,7 +104,7 @@ def test_after_a_move_a_real_change_reruns_what_it_did_before(moved):
 
 def test_after_a_move_a_code_fix_reruns_the_step_and_what_follows(moved):
     _fresh_mtimes(moved / "src")
-    module = moved / "src" / "draftline" / "stages" / "tokenize.py"
+    module = moved / "src" / "draftline" / "stages" / "tokenize" / "job.py"
     module.write_text(module.read_text() + "\nFIXED = True\n")
     assert plan(moved) == FAKED_AFTER_TOKENIZE
 

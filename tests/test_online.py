@@ -27,15 +27,15 @@ from workflow import (
     write_config,
 )
 
-from draftline.backends import vllm_server
 from draftline.backends.vllm_server import (
     ServerError,
     ServerSettings,
     VllmServer,
-    _group_alive,
+    group_alive,
     server_command,
     server_env,
 )
+from draftline.backends.vllm_server import server as vllm_server  # where VllmServer finds its port and command
 from draftline.planning.rule_params import resolved_settings
 from draftline.runtime.vllm_engine import EngineSettings, engine_settings
 from draftline.stages.train import check_world_size, split_devices, split_threads
@@ -207,7 +207,7 @@ def test_a_port_taken_before_the_server_binds_is_retried_and_the_other_server_is
         assert f"port {taken} was taken before the server bound it; trying another" in caplog.text
         log = log_path.read_text()
         assert log.count("# draftline: ") == 2 and "Address already in use" in log
-        assert not _group_alive(pid), "the server must stop when the block ends"
+        assert not group_alive(pid), "the server must stop when the block ends"
         assert _served_name(f"http://127.0.0.1:{taken}/v1") == "another job"  # untouched
     finally:
         other.terminate()
@@ -268,7 +268,7 @@ def _server_pids(run: Path) -> list[int]:
 
 def _wait_gone(pgid: int, timeout: float = 90) -> bool:
     deadline = time.monotonic() + timeout
-    while _group_alive(pgid):
+    while group_alive(pgid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)
@@ -316,7 +316,7 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     else:  # speculators' own SIGTERM handler may save a step checkpoint on the way out
         assert start_line.startswith(("resuming after epoch", "resuming in epoch")), start_line
     second = _server_pids(run)[-1]
-    assert second != killed and not _group_alive(second), "the server must stop when training ends"
+    assert second != killed and not group_alive(second), "the server must stop when training ends"
     assert "hidden-state server ready at http://127.0.0.1:" in log
 
     final = run / "results/checkpoint/final"

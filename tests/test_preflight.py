@@ -1,8 +1,9 @@
 """`snakemake ... preflight` (draftline.preflight): the environment checks on fake nodes (a CPU
 torch planned for cuda, too few GPUs, a CUDA 12 driver under a CUDA 13 torch, busy GPUs, a
 partial download) fail with a reason that names the fix; the report and the verdict; the sizing
-with the preflight's rates; and, on the embedded default (slow), the whole preflight on CPU:
-real vLLM regeneration, extraction and speculative decoding with an untrained draft."""
+with the preflight's rates; the training step through the real Trainer on the tiny model (dag);
+and, on the embedded default (slow), the whole preflight on CPU: real vLLM regeneration,
+extraction and speculative decoding with an untrained draft, and a training step."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def test_the_target_check_reads_every_weight_file_to_its_end(tiny_model, tmp_pat
 
 def write_parts(root: Path, failing: str | None = None) -> dict[str, Path]:
     parts = {}
-    for name in ("environment", "regenerate", "hidden_states", "speculative"):
+    for name in ("environment", "regenerate", "hidden_states", "speculative", "training"):
         folder = parts[name] = root / name
         folder.mkdir(parents=True)
         check = (report_file.failed(f"{name} check", "broken: fix X") if name == failing
@@ -217,6 +218,121 @@ def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
     assert other.split("; no preflight rates")[0] == assumed.split("; no preflight rates")[0]
 
 
+# ------------------------------------------------------------------ the training step
+
+
+@pytest.fixture(scope="module")
+def training_inputs(tiny_model, tmp_path_factory) -> Path:
+    """What the training part reads, as the earlier parts and the run's rules leave it: the
+    regeneration part's tokenized rows and token frequencies, the hidden-state part's shard (its
+    extraction passed), the run's layer ids and speculator config (tests/test_train.py's builders)."""
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+    from test_train import AUX, build_dataset, write_hidden_states
+
+    from draftline.stages.speculator_config import write_speculator_config
+
+    root = tmp_path_factory.mktemp("preflight-training")
+    rows = build_dataset(tiny_model, root / "regenerate" / "tokenized" / "dataset", rows=4)
+    save_token_frequency_distribution(rows, root / "regenerate" / "tokenized" / "token_freq.pt")
+    write_hidden_states(tiny_model, rows, root / "hidden_states" / "shard", AUX)
+    (root / "hidden_states" / "shard" / "manifest.json").write_text(json.dumps({"format": "full", "dtype": "float32"}))
+    report_file.write_part(root / "hidden_states", "hidden_states", [report_file.passed(preflight.EXTRACTION, "4 rows")])
+    (root / "layer_ids.json").write_text(json.dumps({"aux": AUX, "extracted": [*AUX, 8], "num_hidden_layers": 8}))
+    write_speculator_config(root / "config", tiny_model, root / "layer_ids.json", 64)
+    return root
+
+
+def train_one_step(tiny_model, inputs: Path, out: Path, config: Path | None = None) -> dict:
+    from draftline.stages.train import TrainSettings
+
+    return preflight.run_training(
+        preflight.Part(str(tiny_model), inputs / "hidden_states", out), inputs / "regenerate", config or inputs / "config",
+        inputs / "layer_ids.json", preflight.TrainingStep(TrainSettings(total_seq_len=256), draft_vocab_size=64),
+    )
+
+
+def broken_config(inputs: Path, folder: Path, **layer) -> Path:
+    """The run's draft config with `layer` set in its transformer_layer_config."""
+    config = json.loads((inputs / "config" / "config.json").read_text())
+    config["transformer_layer_config"].update(layer)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.dag
+def test_one_training_step_of_the_runs_draft_runs_through_the_trainer(tiny_model, training_inputs, tmp_path):
+    """The real Trainer, launched as the train stage launches it on the CPU: a step runs, and the
+    check reports its world size, backend, wall time and each rank's peak memory."""
+    record = train_one_step(tiny_model, training_inputs, tmp_path / "training")
+    check = record["checks"][0]
+    assert (check["name"], check["status"]) == (preflight.TRAINING, PASS), check["reason"]
+    details = check["details"]
+    assert details["world_size"] == 1 and details["device"] == "cpu" and details["backend"] == "none (one process)"
+    assert 0 < details["step_seconds"] < details["trainer_seconds"] and details["tokens"] > 0
+    assert len(details["peak_memory_gib"]) == 1 and details["peak_memory_gib"][0] > 0.1  # torch alone takes more
+    assert details["memory_measure"] == "max RSS"
+    assert "1 step of the eagle3 draft" in check["reason"] and "peak memory per rank" in check["reason"]
+    assert record["measured"]["training_step_seconds"] == details["step_seconds"]
+    assert not (tmp_path / "training" / "scratch").exists()  # the draft checkpoint and linked files are gone
+
+
+@pytest.mark.dag
+def test_a_broken_draft_config_fails_the_training_check_and_the_preflight_in_one_line(tiny_model, training_inputs, tmp_path):
+    # an activation no one has: the config passes the train stage's input checks, the Trainer fails building it
+    impossible = broken_config(training_inputs, tmp_path / "impossible", hidden_act="no_such_activation")
+    record = train_one_step(tiny_model, training_inputs, tmp_path / "training", impossible)
+    check = record["checks"][0]
+    assert check["status"] == FAIL and "\n" not in check["reason"]
+    assert check["reason"].startswith(f"speculators' Trainer failed (1 cpu process(es), eagle3 draft of {impossible}): ")
+    assert "KeyError: 'no_such_activation'" in check["reason"], check["reason"]  # the failing line of its output
+    # the `preflight` target fails naming it (its verdict, after the report)
+    parts = {**write_parts(tmp_path / "parts"), "training": tmp_path / "training"}
+    report = report_file.assemble(parts, {})
+    with pytest.raises(preflight.PreflightFailed, match=r"1 preflight check\(s\) failed .*: training step: speculators' "
+                                                        r"Trainer failed .*KeyError: 'no_such_activation'"):
+        preflight.verdict(report, parts, tmp_path / "report.md")
+    assert not (tmp_path / "training").exists()  # the next `preflight` runs it again
+
+    # a draft whose hidden size is not the target's: the train stage's own input checks stop it before the Trainer
+    mismatched = broken_config(training_inputs, tmp_path / "mismatched", hidden_size=96)
+    check = train_one_step(tiny_model, training_inputs, tmp_path / "again", mismatched)["checks"][0]
+    assert check["status"] == FAIL and "hidden_states has shape" in check["reason"], check["reason"]
+    assert "expected [seq, 4, 96]" in check["reason"]
+
+
+def test_the_training_check_needs_extracted_rows_and_the_runs_gpus_and_names_the_trainers_failing_line(tmp_path, monkeypatch):
+    report_file.write_part(tmp_path / "hidden_states", "hidden_states",
+                           [report_file.failed(preflight.EXTRACTION, "the engine did not start")])
+    record = preflight.run_training(preflight.Part("target", tmp_path / "hidden_states", tmp_path / "training"),
+                                    tmp_path / "regenerate", tmp_path / "config", tmp_path / "layer_ids.json",
+                                    preflight.TrainingStep(None, draft_vocab_size=64))
+    check = record["checks"][0]
+    assert check["status"] == NOT_RUN and "hidden-state extraction fail" in check["reason"], check["reason"]
+    # a run planned for 2 GPUs, in a job that sees none: the Trainer is not started on the CPU instead
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report_file.write_part(tmp_path / "hidden_states", "hidden_states", [report_file.passed(preflight.EXTRACTION, "4 rows")])
+    record = preflight.run_training(preflight.Part("target", tmp_path / "hidden_states", tmp_path / "training"),
+                                    tmp_path / "regenerate", tmp_path / "config", tmp_path / "layer_ids.json",
+                                    preflight.TrainingStep(None, draft_vocab_size=64, gpus=2))
+    check = record["checks"][0]
+    assert check["status"] == FAIL and "the run trains on 2 GPU(s) (world size 2) but this job can start 0" in check["reason"]
+    assert "give preflight_training the train rule's gpu" in check["reason"]
+    # torchrun's summary follows the rank's own error: the rank's line is the reason
+    output = [
+        "[rank1]: Traceback (most recent call last):",
+        "[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1971, unhandled system error",
+        "E1205 01:02:03 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 1",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  exitcode  : 1 (pid: 4242)",
+    ]
+    assert preflight.failing_line(output) == (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1971, unhandled system error")
+    assert preflight.failing_line(["loading", "still loading"]) == "still loading"
+
+
 # ------------------------------------------------------------------ the whole preflight on CPU (slow)
 
 
@@ -246,7 +362,7 @@ def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
     assert len((pf / "regenerate/conversations.jsonl").read_text().splitlines()) == 4
     assert (pf / "hidden_states/shard/hs_0.safetensors").is_file()
     assert (pf / "speculative/untrained_draft/model.safetensors").is_file()
-    for key in ("regeneration_tokens_per_s", "extraction_tokens_per_s", "regeneration_load_seconds"):
+    for key in ("regeneration_tokens_per_s", "extraction_tokens_per_s", "regeneration_load_seconds", "training_step_seconds"):
         assert report["measured"][key] > 0, key
     # the plan of the run now sizes it with the preflight's rates
     dry = snakemake(tmp_path, "-n")

@@ -81,6 +81,9 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
         assert preflight[rule]["gpu"] == str(vllm_gpus), rule
         assert preflight[rule]["mem_mb"] == resources["regenerate_shard"]["mem_mb"], rule
         assert preflight[rule]["cpus_per_gpu"] == resources["regenerate_shard"]["cpus_per_gpu"], rule
+    # ... and its training step on the train job's: the same GPUs, memory and cores
+    for key in ("gpu", "mem_mb", "cpus_per_gpu"):
+        assert preflight["preflight_training"][key] == resources["train"][key], key
 
 
 def _target_folder(folder, tokenizer_from, shape) -> str:

@@ -275,7 +275,7 @@ def code_run(tmp_path_factory, tiny_model):
     repo = copy_workflow(root / "workflow")
     pkg = repo / "src" / "draftline"
     (pkg / "text_helpers.py").write_text('def strip_text(text):\n    return text.strip()\n')
-    module = pkg / "stages" / "tokenize.py"
+    module = pkg / "stages" / "tokenize" / "job.py"
     module.write_text(module.read_text() + "\nfrom draftline.text_helpers import strip_text  # noqa: E402,F401\n")
 
     workdir = root / "run"
@@ -294,7 +294,7 @@ def _edit(path, new_text):
 @pytest.mark.parametrize(
     "module, edit",
     [
-        ("stages/tokenize.py", lambda text: text + "\n# a fix\nFIXED = True\n"),
+        ("stages/tokenize/job.py", lambda text: text + "\n# a fix\nFIXED = True\n"),
         ("text_helpers.py", lambda text: text.replace("text.strip()", "text.strip(' ')")),
     ],
 )
@@ -312,9 +312,9 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
 @pytest.mark.parametrize(
     "module, edit",
     [
-        ("stages/tokenize.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
+        ("stages/tokenize/job.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
         ("text_helpers.py", lambda text: text.replace("def strip_text(text):\n", 'def strip_text(text):\n    """A docstring."""\n')),
-        ("stages/tokenize.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
+        ("stages/tokenize/job.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
     ],
     ids=["comment", "docstring", "line-wrap"],
 )

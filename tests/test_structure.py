@@ -187,3 +187,73 @@ def test_settings_defaults_are_the_schemas():
     assert TokenizeSettings().max_seq_len == EvaluateSettings().max_model_len == default("tokenize", "max_seq_len")
     with pytest.raises(KeyError, match="no default for train.no_such_key"):
         default("train", "no_such_key")
+
+
+# Where the null of a vllm.* setting is decided (the schema's default stands for "vLLM's own" or
+# for another setting): gpu_memory_utilization's share per engine kind, max_model_len's context.
+ONE_DEFAULT = {("vllm_engine.py", "gpu_memory_share"), ("vllm_engine.py", "planned_max_model_len")}
+
+
+def test_each_engine_setting_has_one_default():
+    """A vllm.* setting's default is the schema's (the validated config holds it; a settings field
+    takes `default("vllm", key)`), and its null is resolved in one function (ONE_DEFAULT): nothing in
+    src/ decides a second one, as a `.get(key, 0.9)`, a `value or 0.9`, a field or parameter
+    `= 0.9`, a `gpu_memory_utilization=0.9` argument or a GPU_MEMORY constant of its own."""
+    schema = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
+    keys = set(schema["properties"]["vllm"]["properties"])
+
+    def names_key(node) -> bool:
+        """`node` reads a vllm.* setting: x.get("key"), x["key"] or x.key."""
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and node.args:
+            return isinstance(node.args[0], ast.Constant) and node.args[0].value in keys
+        if isinstance(node, ast.Subscript):
+            return isinstance(node.slice, ast.Constant) and node.slice.value in keys
+        return isinstance(node, ast.Attribute) and node.attr in keys
+
+    def schema_default(node) -> bool:
+        return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "default" and \
+            bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "vllm"
+
+    def literal(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value is not None
+
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(SRC))
+
+        def visit(node, func, where=where, path=path):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                func = node.name
+                args = node.args.posonlyargs + node.args.args
+                defaults = [None] * (len(args) - len(node.args.defaults)) + node.args.defaults
+                for arg, value in [*zip(args, defaults), *zip(node.args.kwonlyargs, node.args.kw_defaults)]:
+                    if arg.arg in keys and value is not None and literal(value):
+                        offenders.append(f"{where}:{node.lineno} {func}({arg.arg}={ast.unparse(value)})")
+            line = f"{where}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call):
+                if getattr(node.func, "attr", None) == "get" and names_key(node) and (len(node.args) > 1 or node.keywords):
+                    offenders.append(f"{line} {ast.unparse(node)}")
+                offenders.extend(f"{line} {kw.arg}={ast.unparse(kw.value)}" for kw in node.keywords
+                                 if kw.arg in keys and literal(kw.value))
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and (path.name, func) not in ONE_DEFAULT:
+                if names_key(node.values[0]) or any(schema_default(v) for v in node.values):
+                    offenders.append(f"{line} {ast.unparse(node)}")
+            if isinstance(node, ast.IfExp) and (path.name, func) not in ONE_DEFAULT:
+                if any(names_key(n) for n in ast.walk(node.test)) and \
+                        any(literal(v) or schema_default(v) for v in (node.body, node.orelse)):
+                    offenders.append(f"{line} {ast.unparse(node)}")
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in keys \
+                    and node.value is not None and literal(node.value):
+                offenders.append(f"{line} {ast.unparse(node)}")
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and literal(node.value) and \
+                    type(node.value.value) in (int, float):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    name = getattr(target, "id", "")
+                    if "GPU_MEMORY" in name.upper() and name not in keys and path.name != "vllm_engine.py":
+                        offenders.append(f"{line} {name} = {ast.unparse(node.value)}")
+            for child in ast.iter_child_nodes(node):
+                visit(child, func)
+
+        visit(ast.parse(path.read_text()), "<module>")
+    assert offenders == [], "a second default of a vllm.* setting (the schema holds it; see ONE_DEFAULT):\n" + \
+        "\n".join(offenders)

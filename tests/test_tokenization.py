@@ -127,7 +127,7 @@ def test_tokenize_writes_speculators_dataset_and_counts_what_it_cuts(tiny_model,
     import draftline.stages.tokenize
 
     # rows stream to disk in batches: one row per batch here, so the order across batches shows
-    monkeypatch.setattr(draftline.stages.tokenize, "ARROW_BATCH_ROWS", 1)
+    monkeypatch.setattr(draftline.stages.tokenize.arrow, "ARROW_BATCH_ROWS", 1)
 
     long_answer = "The sea is wide and blue and deep. " * 40
     rows = [
@@ -203,7 +203,7 @@ def test_a_dataset_preprocessed_in_parts_is_the_same_dataset(tiny_model, tmp_pat
         return out
 
     whole = run("whole")
-    monkeypatch.setattr(draftline.stages.tokenize, "PART_TOKENS", 40)  # every row or two a part
+    monkeypatch.setattr(draftline.stages.tokenize.parts, "PART_TOKENS", 40)  # every row or two a part
     lengths = load_from_disk(str(whole / "dataset")).with_format(None)["seq_len"]
     assert len(draftline.stages.tokenize.part_bounds(lengths, 40)) >= 3
     parts = run("parts")

@@ -221,7 +221,7 @@ def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
         "engine": {
             "device": device,
             "dtype": dtype_for(config["target"]["dtype"], cuda),
-            "enforce_eager": enforce_eager_for((config.get("vllm") or {}).get("enforce_eager", "auto"), cuda),
+            "enforce_eager": enforce_eager_for((config.get("vllm") or {}).get("enforce_eager"), cuda),  # None: auto
         },
         "train": {
             "device": device,

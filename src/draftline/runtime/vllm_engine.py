@@ -133,9 +133,10 @@ class EngineSettingsError(ValueError):
 def engine_settings(config: dict, resolved: dict) -> EngineSettings:
     """The one EngineSettings of a plan: the validated config's `vllm:` block and target.* with
     the dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
-    block, target = config.get("vllm") or {}, config["target"]
+    # the validated config holds every vllm.* key: its defaults are the schema's, filled in there
+    block, target = config["vllm"], config["target"]
     # sorted (nested too), so a reordered config is the same param
-    engine_args = json.loads(json.dumps(block.get("engine_args") or {}, sort_keys=True))
+    engine_args = json.loads(json.dumps(block["engine_args"], sort_keys=True))
     for key in sorted(engine_args):
         own = f"vllm.{key}" if key in VLLM_KEYS else OWN_ARGS.get(key)
         if own:
@@ -143,27 +144,32 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
                 f"vllm.engine_args.{key}: draftline sets this vLLM argument itself (from {own}); "
                 f"remove it from vllm.engine_args" + (f" and set {own}" if own.startswith(("vllm.", "target.")) else "")
             )
-    if block.get("enable_expert_parallel") and resolved.get("device") == "cpu":
+    if block["enable_expert_parallel"] and resolved.get("device") == "cpu":
         raise EngineSettingsError(
             "vllm.enable_expert_parallel: true is refused on CPU (the vLLM CPU build crashes with it: "
             "SIGSEGV in cpu_fused_moe); set it to false, or plan for CUDA (device: cuda)"
         )
-    max_model_len = block.get("max_model_len") or config["tokenize"]["max_seq_len"]
     return EngineSettings(
-        max_model_len=max_model_len,
+        max_model_len=planned_max_model_len(config),
         dtype=resolved["dtype"],
         trust_remote_code=target["trust_remote_code"],
         enforce_eager=resolved["enforce_eager"],
         tensor_parallel_size=target["tensor_parallel_size"],
         pipeline_parallel_size=target["pipeline_parallel_size"],
-        gpu_memory_utilization=block.get("gpu_memory_utilization", default("vllm", "gpu_memory_utilization")),
-        max_num_seqs=block.get("max_num_seqs", default("vllm", "max_num_seqs")),
-        enable_expert_parallel=block.get("enable_expert_parallel", default("vllm", "enable_expert_parallel")),
-        quantization=block.get("quantization", default("vllm", "quantization")),
-        kv_cache_dtype=block.get("kv_cache_dtype", default("vllm", "kv_cache_dtype")),
-        cpu_kv_cache_gib=block.get("cpu_kv_cache_gib", default("vllm", "cpu_kv_cache_gib")),
+        gpu_memory_utilization=block["gpu_memory_utilization"],
+        max_num_seqs=block["max_num_seqs"],
+        enable_expert_parallel=block["enable_expert_parallel"],
+        quantization=block["quantization"],
+        kv_cache_dtype=block["kv_cache_dtype"],
+        cpu_kv_cache_gib=block["cpu_kv_cache_gib"],
         engine_args=engine_args,
     )
+
+
+def planned_max_model_len(config: dict) -> int:
+    """The context of a generating engine (regeneration, evaluation): vllm.max_model_len, or
+    tokenize.max_seq_len when it is null (decided here only: the plan's sizing reads it too)."""
+    return (config.get("vllm") or {}).get("max_model_len") or config["tokenize"]["max_seq_len"]
 
 
 def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> dict:
@@ -264,8 +270,8 @@ def cpu_bind_lists(ranks: int, cores: Collection[int], threads: int | None = Non
     return "|".join(",".join(map(str, cores[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
 
 
-def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = None, ranks: int = 1,
-                       in_process: bool = True) -> None:
+def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib"),
+                       ranks: int = 1, in_process: bool = True) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 
     vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB, vllm.cpu_kv_cache_gib). By
@@ -294,10 +300,10 @@ def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int | None = No
         torch.set_num_threads(threads)
 
 
-def vllm_cpu_env(threads: int | None, kv_cache_gib: int | None, ranks: int = 1, user_bind: bool = False) -> dict:
+def vllm_cpu_env(threads: int | None, kv_cache_gib: int, ranks: int = 1, user_bind: bool = False) -> dict:
     """The vLLM CPU variables (None: unset) for an engine of `ranks` ranks: an in-process engine's
     (configure_vllm_cpu) and the online server's process alike."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib or default("vllm", "cpu_kv_cache_gib")))}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib))}  # vllm.cpu_kv_cache_gib
     if ranks > 1:
         if not user_bind:
             env[BIND] = cpu_bind_lists(ranks, os.sched_getaffinity(0), threads)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from draftline.planning.sizing.estimate import Plan, estimate
 from draftline.planning.sizing.shapes import Shape
+from draftline.runtime.vllm_engine import planned_max_model_len
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -40,7 +41,7 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         filesystem_bytes_per_s=(config.get("sizing") or {}).get("filesystem_gb_per_s", 1.0) * 1e9,
         hidden_state_files=config["hidden_states"].get("mode", "offline") == "offline",
         user_turns=user_turns,
-        context_len=(config.get("vllm") or {}).get("max_model_len") or config["tokenize"]["max_seq_len"],
+        context_len=planned_max_model_len(config),
     )
 
 

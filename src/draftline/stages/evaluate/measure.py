@@ -1,0 +1,105 @@
+"""The engines of one evaluation, one after the other: the target alone on every set (target_alone,
+the reference each draft must equal) and each draft in its speculative decoding (measure_draft)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftline.artifacts import acceptance as record
+from draftline.runtime.vllm_engine import shutdown
+from draftline.stages.evaluate.counters import acceptance
+from draftline.stages.evaluate.engines import engine_for, timed_generate, warm_up
+from draftline.stages.evaluate.lossless import check_lossless
+from draftline.stages.evaluate.per_prompt import check_per_prompt, spread
+from draftline.stages.evaluate.prompts import Prompt, fitting_prompts
+from draftline.stages.evaluate.settings import EvaluateSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetAlone:
+    """The target alone on every set, what each draft is measured against: its tokenizer, the
+    prompts left out of each set (no room for max_new_tokens) and each set's reference run (its
+    greedy tokens, which every draft's outputs must equal, and its rate)."""
+
+    target_dir: str | Path
+    settings: EvaluateSettings
+    chat_template: str | None
+    tokenizer: object
+    skipped: dict[str, list[str]]
+    reference: dict[str, dict]
+
+
+def target_alone(
+    target_dir, sets: dict[str, list[Prompt]], settings: EvaluateSettings, chat_template: str | None
+) -> TargetAlone:
+    """The target alone on every set (`sets` keeps the prompts that fit)."""
+    started = time.monotonic()
+    llm = engine_for(target_dir, settings)
+    log.info("target alone: loaded in %.1f s", time.monotonic() - started)
+    tokenizer = llm.get_tokenizer()
+    skipped = {}
+    for name in list(sets):
+        sets[name], skipped[name] = fitting_prompts(tokenizer, sets[name], settings, chat_template)
+        if skipped[name]:
+            log.warning("%s: %d prompts left out: prompt + max_new_tokens exceeds max_model_len=%d: %s",
+                        name, len(skipped[name]), settings.max_model_len, skipped[name])
+        if not sets[name]:
+            raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
+    warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
+    reference = {name: timed_generate(llm, prompts, settings, chat_template) for name, prompts in sets.items()}
+    shutdown(llm)
+    del llm
+    for name, ref in reference.items():
+        log.info("%s, target alone: %d prompts, %d prompt tokens, %d output tokens in %.1f s = %.1f tok/s",
+                 name, len(sets[name]), ref["prompt_tokens"], ref["output_tokens"], ref["seconds"], ref["output_tokens_per_s"])
+    return TargetAlone(target_dir, settings, chat_template, tokenizer, skipped, reference)
+
+
+def checkpoint_record(checkpoint: str | Path) -> dict:
+    from draftline.lineage.content_hash import sha256_file
+
+    weights = Path(checkpoint) / "model.safetensors"
+    return {"path": str(checkpoint), "model_sha256": sha256_file(weights) if weights.is_file() else None}
+
+
+def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, list[Prompt]]) -> dict[str, dict]:
+    """One draft in the target's speculative decoding on each of `sets`: set name -> its numbers.
+    Its outputs must equal the target's alone (lossless), prompt by prompt."""
+    settings, chat_template, reference = alone.settings, alone.chat_template, alone.reference
+    k = settings.num_speculative_tokens
+    load_started = time.monotonic()
+    llm = engine_for(alone.target_dir, settings, draft=checkpoint)
+    log.info("%s draft %s: loaded in %.1f s", draft, checkpoint, time.monotonic() - load_started)
+    warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
+    results = {}
+    for name, prompts in sets.items():
+        run = timed_generate(llm, prompts, settings, chat_template)
+        check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, alone.tokenizer)
+        numbers = acceptance(run["counters"], k)
+        prompts_counted = record.per_prompt([p.id for p in prompts], run["per_request"], k)
+        check_per_prompt(prompts_counted, run["counters"], f"{name}, {draft} draft")
+        results[name] = {
+            **numbers,
+            "spread": spread(run["per_request"], seed=settings.seed),
+            "output_tokens_per_s": run["output_tokens_per_s"],
+            "speedup": round(run["output_tokens_per_s"] / reference[name]["output_tokens_per_s"], 3),
+            "output_tokens": run["output_tokens"],
+            "seconds": run["seconds"],
+            "counters": run["counters"],
+            "per_prompt": prompts_counted,
+        }
+        log.info(
+            "%s, %s draft: mean acceptance length %.3f (95%% bootstrap %s), acceptance rate %.3f, per position %s, "
+            "%.1f tok/s (target alone %.1f); outputs identical to the target's on all %d prompts",
+            name, draft, numbers["mean_acceptance_length"], (results[name]["spread"] or {}).get("bootstrap_95"),
+            numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
+            run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
+        )
+    shutdown(llm)
+    del llm
+    return results

@@ -1,0 +1,20 @@
+"""What the step is given: the `evaluate:` settings (EvaluateSettings) on the run's engine settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftline.planning.config_schema import default
+from draftline.runtime.vllm_engine import EngineSettings
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(EngineSettings):
+    """The `evaluate:` config block; the target loads as in the other stages (EngineSettings)."""
+
+    num_speculative_tokens: int = default("evaluate", "num_speculative_tokens")
+    max_new_tokens: int = default("evaluate", "max_new_tokens")
+    max_prompts: int | None = default("evaluate", "max_prompts")  # per set
+    chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
+    # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
+    chat_template_kwargs: dict = field(default_factory=dict)
