@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -26,13 +27,15 @@ CUDA_MODULES = {
     "fresh_process": ("headline", "extract_calls_main"),
     "training": ("training", "checkpoint_check", "reference_fwd_bwd"),
     "shards": ("parallel_shards", "extract_shard_main", "shard_cmd"),
+    "extraction_vllm": ("extraction_vllm", "extract_variant_main", "VARIANTS", "GOAL"),
+    "regeneration": ("regeneration", "regenerate_batches_main", "recipe_settings"),
     "report": ("markdown",),
 }
 # What `bench_cuda.py --stages` accepts: the recorded runs (benchmarks/cuda/results/*.json) used these.
 MEASUREMENTS = ("matmul", "target", "data", "extraction", "plain_forward", "train_1gpu", "checkpoint",
                 "extraction_variants", "reference_fwd_bwd", "train_ddp2", "checkpoint_ddp", "parallel_shards",
                 "train_fsdp2", "checkpoint_fsdp", "train_1gpu_workers0", "headline", "headline_synced",
-                "headline_disk_cold", "matmul_mid", "matmul_end")
+                "headline_disk_cold", "matmul_mid", "matmul_end", "extraction_vllm", "regeneration")
 
 
 def _python(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -131,17 +134,95 @@ def test_bench_cuda_offers_every_measurement_with_the_same_arguments():
     assert result.returncode == 0, result.stderr[-3000:]
     text = " ".join(result.stdout.split())
     for option in ("--out", "--work", "--size {8b,tiny}", "--rows", "--seq-len", "--batch-tokens", "--draft-vocab",
-                   "--total-seq-len", "--epochs", "--stages", "--only {extraction}", "--rounds"):
+                   "--total-seq-len", "--epochs", "--stages", "--only {extraction}", "--rounds", "--chunk-rows",
+                   "--regen-batches", "--regen-rounds", "--max-new-tokens", "--max-model-len"):
         assert option in text, option
     listed = set(re.findall(r"[a-z0-9_]+", text.rsplit("--stages STAGES", 1)[1].split("--only", 1)[0]))
     assert set(MEASUREMENTS) <= listed, set(MEASUREMENTS) - listed
     # the child processes the measurements start
     for sub, options in (("extract-calls", ("--work", "--target", "--calls", "--result")),
                          ("extract-shard", ("--work", "--target", "--out-dir", "--shard", "--num-shards",
-                                            "--batch-tokens"))):
+                                            "--batch-tokens")),
+                         ("extract-variant", ("--variant", "--work", "--target", "--chunk-rows", "--threads",
+                                              "--result")),
+                         ("regenerate-batches", ("--work", "--target", "--batches", "--rounds", "--max-new-tokens",
+                                                 "--max-model-len", "--threads", "--result"))):
         result = _python(str(CUDA / "bench_cuda.py"), sub, "--help")
         assert result.returncode == 0, result.stderr[-3000:]
         assert all(o in result.stdout for o in options), (sub, result.stdout)
+
+
+def test_the_regeneration_rate_runs_at_the_8b_recipes_sizes():
+    """bench_cuda.py's regeneration batches are the recipe's: preflight's batch and
+    regenerate.chunk_conversations (config/presets/dense_8b.yaml over the schema's defaults)."""
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import regeneration; "
+             "print(json.dumps(regeneration.recipe_settings()))")
+    result = _python("-c", probe, str(CUDA))
+    assert result.returncode == 0, result.stderr[-3000:]
+    preset = yaml.safe_load((REPO / "config" / "presets" / "dense_8b.yaml").read_text())
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["max_new_tokens"] == preset["regenerate"]["max_new_tokens"]
+    assert got["max_model_len"] == preset["tokenize"]["max_seq_len"]
+    assert preset["preflight"]["prompts"] in got["batches"] and len(got["batches"]) == 2
+
+
+def test_the_h200_session_queue_resumes_what_failed(tmp_path):
+    """h200_pipeline.sh's queue on a stand-in checkout whose `./draftline` fails once: each phase's
+    runs start together, the next phase after them; a second `session` starts again only what
+    failed (Snakemake resumes it), and `wait` copies the summary, acceptance and status into $OUT."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "cuda" / "h200_configs").mkdir(parents=True)
+    for f in ("h200_pipeline.sh", "h200_configs/default.yaml", "h200_configs/preflight.yaml"):
+        (repo / "benchmarks" / "cuda" / f).write_text((CUDA / f).read_text())
+    (repo / "draftline").write_text(
+        "#!/usr/bin/env bash\necho \"draftline $* lock $DRAFTLINE_GPU_LOCK_DIR\"\n"
+        "mkdir -p results/eval && echo '{}' > results/eval/acceptance.json && echo '# s' > results/summary.md\n"
+        "if [[ $* == *preflight* && ! -f ../failed_once ]]; then touch ../failed_once; exit 3; fi\n")
+    (repo / "draftline").chmod(0o755)
+    env = {**os.environ, "H200_WORK": str(tmp_path / "w"), "H200_POLL": "0.2", "OUT": str(tmp_path / "out")}
+
+    def call(*args):
+        return subprocess.run(["bash", str(repo / "benchmarks" / "cuda" / "h200_pipeline.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    status = tmp_path / "w" / "{}" / "status"
+    for attempt in (1, 2):
+        assert call("session", "default+preflight", "rates").returncode == 0
+        done = call("wait", "60")
+        assert done.returncode == 0, done.stderr
+        lines = {run: Path(str(status).format(run)).read_text().splitlines() for run in ("default", "preflight", "rates")}
+        assert [x.split()[-1] for x in lines["preflight"] if x.startswith("end")] == ["3", "0"][:attempt]
+        assert len(lines["default"]) == 2  # started once: it ended with rc 0
+    assert "phase rates" in (tmp_path / "w" / "session.log").read_text()
+    assert "--configfile=benchmarks/cuda/h200_configs/preflight.yaml preflight" in lines["preflight"][0]
+    assert "--stages matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end" in lines["rates"][0]
+    out = tmp_path / "out"
+    assert {p.name for p in (out / "default").iterdir()} >= {"summary.md", "acceptance.json", "status"}
+    assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()
+
+
+def test_compare_acceptance_without_per_prompt_counts_says_so_and_compares_unpaired(tmp_path):
+    """An evaluation by a vLLM that keeps no per-request metrics (vLLM 0.26, the H200 host's) has no
+    per-prompt counts: the paired comparison refuses it and names --unpaired, which sets its set
+    figure against the other file's own 95% interval."""
+    record = BENCH / "results" / "default_acceptance.json"
+    stored = json.loads(record.read_text())["acceptance"]
+    for prompt_set in stored["sets"].values():
+        for draft in prompt_set["drafts"].values():
+            draft.pop("per_prompt", None)
+    cuda = tmp_path / "acceptance.json"
+    cuda.write_text(json.dumps(stored))
+    refused = _python(str(BENCH / "compare_acceptance.py"), str(cuda), str(record))
+    assert refused.returncode == 1 and "no per_prompt counts" in refused.stderr and "--unpaired" in refused.stderr
+    done = _python(str(BENCH / "compare_acceptance.py"), str(cuda), str(record), "--unpaired", "--json",
+                   str(tmp_path / "c.json"))
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "c.json").read_text())
+    mean = round(stored["sets"]["test"]["drafts"]["trained"]["mean_acceptance_length"], 4)
+    assert result["paired"] is False and result["mean_acceptance_length_a"] == mean and result["a_inside_b_interval"]
+    low, high = result["b_interval"]["bootstrap_95"]
+    assert result["b"] == str(record)
+    assert f"[{low}, {high}]" in done.stdout and "A is inside B's interval" in done.stdout
 
 
 def test_bench_cuda_rejects_an_unknown_size():

@@ -15,13 +15,19 @@ rows of realistic length, then runs the pipeline's own code on them:
   peak GPU memory from nvidia-smi for both; the checkpoint is loaded back with speculators;
 - with 2 GPUs (issue 7): training with 2 processes (DDP, then --fsdp-shard) against 1, and
   two extraction shards at once on distinct GPUs (CUDA_VISIBLE_DEVICES) against the same
-  shards run one after the other.
+  shards run one after the other;
+- the vLLM rates (issue 34, run only when named in --stages): `extraction_vllm`, the stage with
+  the vllm backend against plain vLLM prefill of the same rows and the transformers backend, each
+  in a fresh process, alternated, `--rounds` times, paired per round; `regeneration`, greedy
+  answers through `regenerate_shard` at the 8B recipe's batch sizes, engine start apart.
 One module per measurement, beside this entry point: common.py (sizes, results file, device
 and host facts, the random target and dataset), compute.py (matmul rate, decoder work, compute
 limit), extraction.py (the stage, the plain forward, the variants), fresh_process.py (the stage's
 first and warm calls in a fresh process; `bench_cuda.py extract-calls` is its child),
 training.py (train, reference forward+backward, checkpoint check), shards.py (two shards at
-once; `bench_cuda.py extract-shard` is one shard), report.py (results.md). The header (command,
+once; `bench_cuda.py extract-shard` is one shard), extraction_vllm.py (`bench_cuda.py
+extract-variant` is one variant's process), regeneration.py (`bench_cuda.py regenerate-batches`
+is its process), report.py (results.md). The header (command,
 commit, versions) comes from the benchmarks' harness, benchmarks/record_run.py.
 Each stage appends its figures to OUT/results.json (rewritten after every stage, so a run cut
 short keeps what it measured) and OUT/results.md is written at the end. `--size tiny` runs the
@@ -44,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the measurement modu
 from common import SIZES, Results, build_data, build_target, git_commit, gpu_info, host_info, log, versions  # noqa: E402
 from compute import compute_limit, decoder_work, matmul_rate  # noqa: E402
 from extraction import extraction, extraction_variants, plain_forward  # noqa: E402
+from extraction_vllm import extract_variant_main, extraction_vllm  # noqa: E402
 from fresh_process import extract_calls_main, headline  # noqa: E402
+from regeneration import recipe_settings, regenerate_batches_main, regeneration  # noqa: E402
 from shards import extract_shard_main, parallel_shards  # noqa: E402
 from training import checkpoint_check, reference_fwd_bwd, training  # noqa: E402
 
@@ -55,7 +63,10 @@ from report import markdown  # noqa: E402
 STAGES = ("matmul,target,data,extraction,plain_forward,train_1gpu,checkpoint,extraction_variants,reference_fwd_bwd,"
           "train_ddp2,checkpoint_ddp,parallel_shards,train_fsdp2,checkpoint_fsdp")
 # Run only when named in --stages (or by --only).
-MORE_STAGES = ("train_1gpu_workers0", "headline", "headline_synced", "headline_disk_cold", "matmul_mid", "matmul_end")
+MORE_STAGES = ("train_1gpu_workers0", "headline", "headline_synced", "headline_disk_cold", "matmul_mid", "matmul_end",
+               "extraction_vllm", "regeneration")
+# The vLLM rates (issue 34): `--stages` with these, the matmul rate before, between and after.
+RATE_STAGES = "matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end"
 # `--only extraction`: the stage in a fresh process, the variants, the matmul rate around them.
 EXTRACTION_STAGES = ("matmul,target,data,headline,headline_synced,headline_disk_cold,matmul_mid,extraction_variants,"
                      "matmul_end")
@@ -73,11 +84,24 @@ def main() -> None:
     ap.add_argument("--total-seq-len", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--stages", default=STAGES, help=f"the measurements to run, comma-separated (default: "
-                    f"{', '.join(STAGES.split(','))}); these run only when named: {', '.join(MORE_STAGES)}")
+                    f"{', '.join(STAGES.split(','))}); these run only when named: {', '.join(MORE_STAGES)}; the vLLM "
+                    f"rates: --stages {RATE_STAGES}")
     ap.add_argument("--only", choices=["extraction"], help="extraction: the stage in a fresh process (first "
                     "and second call), the like-for-like variants, the matmul rate before, between and after, "
                     "and a first call with the page cache dropped (overrides --stages)")
-    ap.add_argument("--rounds", type=int, default=3, help="repetitions of each extraction variant")
+    ap.add_argument("--rounds", type=int, default=3, help="repetitions of each extraction variant (extraction_variants, "
+                    "extraction_vllm)")
+    ap.add_argument("--chunk-rows", type=int, default=64, help="extraction_vllm: rows per call (the hidden_states "
+                    "rule's chunk_rows)")
+    recipe = recipe_settings()
+    ap.add_argument("--regen-batches", default=",".join(map(str, recipe["batches"])),
+                    help="regeneration: conversations per call, comma-separated (default: the 8B recipe's, "
+                    "preflight.prompts and regenerate.chunk_conversations)")
+    ap.add_argument("--regen-rounds", type=int, help="regeneration: repetitions of each batch (default: --rounds)")
+    ap.add_argument("--max-new-tokens", type=int, default=recipe["max_new_tokens"],
+                    help="regeneration: regenerate.max_new_tokens (default: the 8B recipe's)")
+    ap.add_argument("--max-model-len", type=int, default=recipe["max_model_len"],
+                    help="regeneration: the engine's max_model_len, tokenize.max_seq_len (default: the 8B recipe's)")
     a = ap.parse_args()
     if a.only == "extraction":
         a.stages = EXTRACTION_STAGES
@@ -110,7 +134,7 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - record and go on with the next stage
             res.error(name, err)
 
-    if a.only:
+    if a.only or "extraction_vllm" in stages:
         def mm():  # short (the earlier runs' setting), longer, and about 1.5 s of products
             runs = {f"{w}+{i}": matmul_rate(a.size, w, i)["tflops"] for w, i in ((3, 10), (20, 100), (20, 1000))}
             got = [v for v in runs.values() if v]
@@ -135,7 +159,22 @@ def main() -> None:
     stage("headline", lambda: headline(a.work, target, 3))
     stage("headline_synced", lambda: headline(a.work, target, 3, sync_first=True))
     stage("headline_disk_cold", lambda: headline(a.work, target, 2, drop_caches=True))
+    def keep(name):
+        """A measurement's figures so far, and the limit's fractions of them: a run cut short keeps both."""
+        def put(partial):
+            res.put(name, partial)
+            limit_ = compute_limit(res.data["stages"], flops)
+            if limit_:
+                res.put("compute_limit", limit_)
+        return put
+
+    # The vLLM rates: regeneration first (one process), then the extraction rounds, each process's
+    # figures kept as it ends.
+    stage("regeneration", lambda: regeneration(a.work, target, [int(b) for b in a.regen_batches.split(",")],
+                                               a.regen_rounds or a.rounds, a.max_new_tokens, a.max_model_len,
+                                               keep("regeneration")))
     stage("matmul_mid", mm)
+    stage("extraction_vllm", lambda: extraction_vllm(a.work, target, a.rounds, a.chunk_rows, keep("extraction_vllm")))
     stage("extraction_variants", lambda: extraction_variants(a.work, target, a.batch_tokens, a.rounds))
     stage("matmul_end", mm)
     limit = compute_limit(res.data["stages"], flops)
@@ -166,5 +205,9 @@ if __name__ == "__main__":
         extract_shard_main()
     elif len(sys.argv) > 1 and sys.argv[1] == "extract-calls":
         extract_calls_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "extract-variant":
+        extract_variant_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "regenerate-batches":
+        regenerate_batches_main()
     else:
         main()

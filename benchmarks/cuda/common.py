@@ -156,7 +156,7 @@ def meminfo(*keys: str) -> dict:
 
 
 def build_target(folder: Path, size: str) -> dict:
-    """A Llama target with random bf16 weights, saved as a Hugging Face folder (no tokenizer)."""
+    """A Llama target with random bf16 weights, saved as a Hugging Face folder with `save_tokenizer`'s tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     t0 = time.perf_counter()
@@ -173,6 +173,7 @@ def build_target(folder: Path, size: str) -> dict:
     linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     build_s = time.perf_counter() - t0
     model.save_pretrained(folder)
+    save_tokenizer(folder, config.vocab_size)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -180,6 +181,34 @@ def build_target(folder: Path, size: str) -> dict:
             "decoder_linear_params": linear, "dtype": str(dtype),
             "config": SIZES[size], "build_s": round(build_s, 1), "save_s": round(time.perf_counter() - t0 - build_s, 1),
             "bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors"))}
+
+
+def save_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A byte-level tokenizer of exactly `vocab_size` ids with the ChatML template, so that vLLM
+    loads the random target as it loads a real one and can turn any generated id into text.
+
+    Ids 0-2 are the special tokens (<|endoftext|>, <|im_start|> = bos 1, <|im_end|> = eos 2, as in
+    `build_target`'s config), then the 256 byte pieces (text is encoded one byte per token), then
+    fillers (" w<i>") that only decoding meets: a random model generates any id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from draftline.testing.tiny_model import CHATML_TEMPLATE, SPECIAL_TOKENS
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for piece in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[piece] = len(vocab)
+    filler = 0
+    while len(vocab) < vocab_size:
+        vocab[f"\u0120w{filler}"] = len(vocab)  # \u0120: the byte-level space
+        filler += 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                            unk_token="<|endoftext|>", pad_token="<|endoftext|>",
+                            chat_template=CHATML_TEMPLATE).save_pretrained(folder)
 
 
 def build_data(work: Path, target: Path, rows: int, seq_len: int, draft_vocab: int, vocab: int) -> dict:

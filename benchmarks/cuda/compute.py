@@ -76,6 +76,19 @@ def compute_limit(stages: dict, flops: float | None) -> dict | None:
             fr[f"{k}_call{c['call']}"] = round(c["tokens_per_s"] / limit, 3)
     for k, m in stages.get("extraction_variants", {}).get("summary", {}).items():
         fr[f"variant_{k}_median"] = round(m["median"] / limit, 3)
-    return {"matmul_tflops_measured": rates, "matmul_tflops_used": r, "flops_per_token": flops,
-            "tokens_per_s": round(limit, 1), "formula": "limit = highest bf16 matmul rate measured in the call / F",
-            "fraction_of_limit": fr}
+    # extraction_vllm: each variant's steady rate (min, median, max over the rounds)
+    for k, m in stages.get("extraction_vllm", {}).get("summary", {}).items():
+        t = m["tokens_per_s"]
+        fr[f"vllm_{k}"] = {x: round(t[x] / limit, 3) for x in ("min", "median", "max")}
+    out = {"matmul_tflops_measured": rates, "matmul_tflops_used": r, "flops_per_token": flops,
+           "tokens_per_s": round(limit, 1), "formula": "limit = highest bf16 matmul rate measured in the call / F",
+           "fraction_of_limit": fr}
+    # regeneration as draftline.planning.sizing reads decoding: tokens/s x 2 x P_lin over the matmul rate
+    p_lin = stages.get("decoder_work", {}).get("P_lin")
+    regen = stages.get("regeneration", {}).get("summary", {})
+    if p_lin and regen:
+        out["decode_fraction"] = {"formula": "median generated tokens/s x 2 x P_lin / the matmul rate used "
+                                             "(sizing's DECODE_FRACTION)",
+                                  **{b: round(m["tokens_per_s"]["median"] * 2 * p_lin / (r * 1e12), 3)
+                                     for b, m in regen.items()}}
+    return out

@@ -1,77 +1,175 @@
 #!/usr/bin/env bash
-# draftline's own pipeline on the H200 test host, through Snakemake and the project's rules (issue 34).
-# The host has no network: vLLM and the rest come from ../shared/gpu-host's bundle (/root/venv),
-# used as it is (DRAFTLINE_USE_ENV) with the GPU lock of its pins (DRAFTLINE_GPU_LOCKFILE=vllm0.26).
-# A command there may run 10 minutes, so the runs go on in the background and each call waits:
-#   bash benchmarks/cuda/h200_pipeline.sh start RUN...    # copy this checkout to /root/w/RUN, start each run
-#   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS    # wait for them (at most SECONDS), pack logs into $OUT
-# RUN: default (the quick start's whole DAG), preflight, online (hidden_states.mode online, to the
-# checkpoint), or bench (benchmarks/cuda/vllm_rates.py on the 8B shape); each in its own copy, with its
-# own GPU lock folder so that runs share the one GPU, each engine given a share of its memory
-# (benchmarks/cuda/h200_configs/*.yaml: the only setting that differs from the run's config).
+# draftline's own pipeline and the vLLM rates on the H200 test host (issue 34), through Snakemake
+# and the project's rules. The host has no network: vLLM and the rest come from ../shared/gpu-host's
+# bundle (/root/venv), used as it is (DRAFTLINE_USE_ENV) with the GPU lock of its pins
+# (DRAFTLINE_GPU_LOCKFILE=vllm0.26). A command there may run 10 minutes, so the runs go on in the
+# background and each call waits (the sequence of calls: benchmarks/cuda/README.md):
+#   bash benchmarks/cuda/h200_pipeline.sh session [PHASE...]  # start the session's queue, return at once
+#   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS        # wait (at most SECONDS), copy what is done into $OUT
+#   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
+#   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
+# RUN: default (the quick start's whole DAG to results/summary.md), preflight (every part), online
+# (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
+# extraction_vllm, regeneration). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
+# later call's fresh tree does not change a running job, with benchmarks/cuda/h200_configs/RUN.yaml
+# (where there is one) on top of the default config. All runs share one GPU lock folder: their GPU
+# jobs take turns (draftline.runtime.devices.claim_gpus), each engine with the default share.
+# A PHASE is runs joined by '+', started together; the next phase starts when all of them ended.
+# Default: "default+preflight rates" (preflight's GPU jobs fill the DAG's CPU-only stretches; the
+# rates run with the GPU to themselves). A run that ended with rc 0 is not started again; one that
+# failed or was cut is started again and resumes (Snakemake keeps finished jobs; --rerun-incomplete).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-W=/root/w
+W=${H200_WORK:-/root/w}  # the runs' copies, logs and queue (H200_WORK: elsewhere, to try the queue)
 export DRAFTLINE_USE_ENV=/root/venv DRAFTLINE_GPU_LOCKFILE=vllm0.26 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export DRAFTLINE_GPU_LOCK_DIR=$W/gpu-locks
+POLL=${H200_POLL:-10}  # seconds between looks at the runs
+# bench_cuda.py's rate measurements (its RATE_STAGES) and their sizes; RATES_ARGS overrides the sizes
+RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end
+RATES_ARGS=${RATES_ARGS:---size 8b --rows 128 --seq-len 2048 --rounds 3 --regen-rounds 2}
+DEFAULT_PHASES=("default+preflight" "rates")
+
+run_command() {  # the command of run $1 (in its copy), one word per line
+  local run=$1 dir=$W/$1 conf=()
+  [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
+  [[ -f "$REPO/benchmarks/cuda/h200_configs/$run.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$run.yaml")
+  local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
+  case $run in
+    default) printf '%s\n' "${smk[@]}" ;;
+    preflight) printf '%s\n' "${smk[@]}" preflight ;;
+    online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
+    # shellcheck disable=SC2086  # RATES_ARGS: several words
+    rates) printf '%s\n' ./draftline python benchmarks/cuda/bench_cuda.py --out "$dir/out" --work "$dir/work" \
+             --stages "$RATE_STAGES" $RATES_ARGS ;;
+    *) return 2 ;;
+  esac
+}
+
+state() {  # running, done, failed or new
+  local s=$W/$1/status
+  [[ -f $s ]] || { echo new; return; }
+  local last; last=$(tail -1 "$s")
+  case $last in
+    start*) echo running ;;
+    *"rc 0") echo done ;;
+    *) echo failed ;;
+  esac
+}
 
 start_run() {
-  local run=$1 dir=$W/$1
-  mkdir -p "$dir"
-  # this checkout as it is here (no results, no bundle, no environment)
-  mkdir -p "$dir/repo"
+  local run=$1 dir=$W/$1 cmd
+  mapfile -t cmd < <(run_command "$run") || true
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates)"; return 2; }
+  [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
+  mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
+  # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
+  [[ -d $dir/out ]] && mv "$dir/out" "$dir/out.$(date +%s)"
+  # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
-    --exclude=./runs --exclude=./.venv .) | tar xf - -C "$dir/repo"
-  local share="$REPO/benchmarks/cuda/h200_configs/$run.yaml"
-  local cmd
-  case $run in
-    default) cmd=(./draftline snakemake --cores all --keep-going "--configfile=$share") ;;
-    preflight) cmd=(./draftline snakemake --cores all --keep-going preflight "--configfile=$share") ;;
-    online) cmd=(./draftline snakemake --cores all --keep-going results/checkpoint/final "--configfile=$share") ;;
-    bench) cmd=(./draftline python benchmarks/cuda/vllm_rates.py --out "$dir/out" --work "$dir/work") ;;
-    *) echo "unknown run $run"; return 2 ;;
-  esac
+    --exclude=./runs --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
   (
     cd "$dir/repo" || exit 1
-    export DRAFTLINE_GPU_LOCK_DIR="$dir/gpu-locks"
-    echo "start $(date -u +%FT%TZ) ${cmd[*]}" > "$dir/status"
-    setsid bash -c "$(printf '%q ' "${cmd[@]}") > '$dir/run.log' 2>&1; echo \"end \$(date -u +%FT%TZ) rc \$?\" >> '$dir/status'" \
+    echo "start $(date -u +%FT%TZ) ${cmd[*]}" >> "$dir/status"
+    setsid bash -c "$(printf '%q ' "${cmd[@]}") >> '$dir/run.log' 2>&1; rc=\$?; echo \"end \$(date -u +%FT%TZ) rc \$rc\" >> '$dir/status'" \
       < /dev/null > /dev/null 2>&1 &
   )
-  echo "started $run in $dir"
+  echo "started $run in $dir: ${cmd[*]}"
+}
+
+drive() {  # the queue, in the background: each phase's runs together, then the next phase
+  local phase run
+  for phase in "$@"; do
+    echo "phase $phase $(date -u +%FT%TZ)"
+    IFS=+ read -ra runs <<< "$phase"
+    for run in "${runs[@]}"; do
+      [[ $(state "$run") == done ]] && { echo "$run: done before"; continue; }
+      start_run "$run"
+    done
+    for run in "${runs[@]}"; do
+      while [[ $(state "$run") == running ]]; do sleep "$POLL"; done
+      echo "$run: $(state "$run") $(tail -1 "$W/$run/status")"
+    done
+  done
+  echo "end $(date -u +%FT%TZ)"
 }
 
 pack() {
-  local out=${OUT:-/tmp/out}
+  local out=${OUT:-/tmp/out} dir run
   mkdir -p "$out"
   for dir in "$W"/*/; do
-    local run; run=$(basename "$dir")
-    # logs, small results (no hidden states, no weights), Snakemake's own log
+    run=$(basename "$dir")
+    [[ -f $dir/status ]] || continue
+    # logs and small results (no hidden states, no weights, no datasets), Snakemake's own log
     (cd "$dir" && tar czf "$out/$run.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-      --exclude='*.arrow' --exclude='*.gguf' --exclude='resources' --exclude='.staging' --exclude='work' \
-      status run.log $(cd "$dir" && ls -d repo/logs repo/results repo/.snakemake/log out 2>/dev/null)) 2>/dev/null
+      --exclude='*.arrow' --exclude='*.gguf' --exclude='*.npy' --exclude='resources' --exclude='.staging' \
+      --exclude='work' status run.log $(ls -d repo/logs repo/results repo/.snakemake/log out out.* 2>/dev/null)) 2>/dev/null
+    # what the record is written from, unpacked: the summary, the report, per-prompt acceptance, the rates
+    mkdir -p "$out/$run"
+    cp "$dir/status" "$out/$run/" 2>/dev/null
+    for f in results/summary.md results/summary.json results/eval/acceptance.json results/lineage.json \
+             results/preflight/report.md results/preflight/report.json; do
+      [[ -f $dir/repo/$f ]] && cp "$dir/repo/$f" "$out/$run/$(basename "$f")"
+    done
+    [[ -d $dir/repo/results/report ]] && cp -r "$dir/repo/results/report" "$out/$run/"
+    [[ -d $dir/out ]] && cp "$dir"/out/results.{json,md} "$out/$run/" 2>/dev/null
   done
+  [[ -f $W/session.log ]] && cp "$W/session.log" "$out/"
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv > "$out/gpu.csv" 2>&1
+  df -h /root > "$out/disk.txt" 2>&1
   ls -la "$out"
 }
 
+report() {  # one line per run and its last signs of progress
+  local dir
+  for dir in "$W"/*/; do
+    [[ -f $dir/status ]] || continue
+    echo "== $(basename "$dir"): $(tail -2 "$dir/status" | tr '\n' ' ')"
+    grep -E "steps \(|Error in rule|Error|Traceback|Finished job|Exiting because|=== stage|round [0-9]+, |regeneration: round" \
+      "$dir/run.log" | tail -8
+  done
+}
+
 case "${1:-}" in
+  session)
+    shift
+    (( $# )) || set -- "${DEFAULT_PHASES[@]}"
+    mkdir -p "$W"
+    if [[ -f $W/session.pid ]] && kill -0 "$(cat "$W/session.pid")" 2>/dev/null; then
+      echo "the session's queue is running (pid $(cat "$W/session.pid")): $(tail -1 "$W/session.log")"
+      exit 0
+    fi
+    nvidia-smi -L
+    setsid bash "$HERE/h200_pipeline.sh" _drive "$@" >> "$W/session.log" 2>&1 < /dev/null &
+    echo $! > "$W/session.pid"
+    sleep 2
+    cat "$W/session.log" ;;
+  rates-args)  # the rates' sizes from now on (read when the rates start): e.g. rates-args --size 8b --rows 64
+    shift
+    mkdir -p "$W"
+    echo "$*" > "$W/rates.args"
+    echo "rates: $(run_command rates | tr '\n' ' ')" ;;
+  _drive)
+    shift
+    drive "$@" ;;
   start)
     shift
     nvidia-smi -L
     for run in "$@"; do start_run "$run"; done ;;
   wait)
-    limit=${2:-540}; t0=$SECONDS
+    limit=${2:-530}; t0=$SECONDS
     while (( SECONDS - t0 < limit )); do
-      running=0
-      for s in "$W"/*/status; do grep -q '^end' "$s" || running=$((running + 1)); done
-      (( running == 0 )) && break
-      sleep 10
+      if [[ -f $W/session.pid ]]; then
+        kill -0 "$(cat "$W/session.pid")" 2>/dev/null || break
+      else
+        running=0
+        for s in "$W"/*/status; do grep -q '^end' <(tail -1 "$s") || running=$((running + 1)); done
+        (( running == 0 )) && break
+      fi
+      sleep "$POLL"
     done
-    for dir in "$W"/*/; do
-      echo "== $(basename "$dir"): $(tr '\n' ' ' < "$dir/status")"
-      grep -E "steps \(|Error in rule|error|Error|Traceback|Finished job|Exiting because" "$dir/run.log" | tail -12
-    done
+    [[ -f $W/session.log ]] && tail -12 "$W/session.log"
+    report
     pack ;;
-  *) echo "usage: $0 start RUN... | wait SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 session [PHASE...] | wait SECONDS | start RUN... | rates-args ARGS..." >&2; exit 2 ;;
 esac

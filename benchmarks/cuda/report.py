@@ -57,6 +57,7 @@ def markdown(data: dict) -> str:
             lines += [f"## {key}", "", f"- loads with speculators as {c['loaded_class']} ({c['params']} params); "
                       f"tensors {c['tensors']}", ""]
     lines += markdown_extraction(s)
+    lines += markdown_rates(s)
     if data["errors"]:
         lines += ["## Errors", ""] + [f"### {k}\n```\n{v}\n```" for k, v in data["errors"].items()]
     return "\n".join(lines) + "\n"
@@ -126,5 +127,60 @@ def markdown_extraction(s: dict) -> list[str]:
             gb = m.get("gb_per_s_written", {}).get("median", "")
             lines.append(f"| {k} | {m['min']:,.0f} | **{m['median']:,.0f}** | {m['max']:,.0f} | "
                          f"{m['median'] / lim if lim else 0:.2f} | {gb} |")
+        lines.append("")
+    return lines
+
+
+def markdown_rates(s: dict) -> list[str]:
+    """The vLLM rates (issue 34): `extraction_vllm` and `regeneration`."""
+    lines: list[str] = []
+    lim = s.get("compute_limit", {}).get("tokens_per_s")
+
+    def frac(x):
+        return f"{x / lim:.3f}" if lim and x else "-"
+
+    if "extraction_vllm" in s:
+        v = s["extraction_vllm"]
+        lines += ["## Extraction with the vLLM backend vs plain vLLM prefill (fresh processes, alternated)", "",
+                  f"{v['rounds']} rounds of the three variants, each in its own process (one engine each), "
+                  f"{v['rows']} rows, {v['tokens']:,} tokens, {v['chunk_rows']} rows per call; order: "
+                  f"{', '.join(v['order'])}. Rate: {v['rate']}.", "",
+                  "| variant | round | steady tokens/s | / limit | tokens / call wall s | load s | call wall s "
+                  "| process wall s |", "|---|---|---|---|---|---|---|---|"]
+        for k, rs in v["runs"].items():
+            for x in rs:
+                lines.append(f"| {k} | {x['round']} | {x['tokens_per_s']:,.0f} | {frac(x['tokens_per_s'])} | "
+                             f"{x['tokens_per_wall_s']:,.0f} | {x['load_s']} | {x['call_wall_s']} | "
+                             f"{x.get('process_wall_s')} |")
+        lines += ["", "| variant | steady tokens/s min | median | max | median / limit |", "|---|---|---|---|---|"]
+        for k, m in v["summary"].items():
+            t = m["tokens_per_s"]
+            lines.append(f"| {k} | {t['min']:,.0f} | **{t['median']:,.0f}** | {t['max']:,.0f} | {frac(t['median'])} |")
+        lines += ["", "| paired ratio (same round) | min | median | max | rounds |", "|---|---|---|---|---|"]
+        for k, r in v["paired_ratios"].items():
+            lines.append(f"| {k} | {r['min']} | **{r['median']}** | {r['max']} | {r['rounds']} |")
+        lines += ["", f"Goal (stage / plain prefill >= {v['goal']}): **{v['goal_verdict']}**"
+                  + ("" if lim else "; no fraction of the compute limit (no matmul rate measured: not on CUDA)"), ""]
+        if v.get("errors"):
+            lines += [f"Failed processes: {v['errors']}", ""]
+    if "regeneration" in s:
+        g = s["regeneration"]
+        lines += ["## Regeneration (`regenerate_shard`, greedy, one engine)", "",
+                  f"Engine start {g.get('engine_start_s')} s (apart from the rates); max_new_tokens "
+                  f"{g['max_new_tokens']}, max_model_len {g['max_model_len']}; batches {g['batches']} "
+                  f"(the recipe: {g['recipe']}).", "",
+                  "| round | batch | tokens/s (the stage's) | generated tokens | seconds | answers truncated |",
+                  "|---|---|---|---|---|---|"]
+        for x in g["runs"]:
+            lines.append(f"| {x['round']} | {x['batch']} | {x['tokens_per_second']} | {x['generated_tokens']} | "
+                         f"{x['seconds']} | {x['answers_truncated']} of {x['turns_generated']} |")
+        lines += ["", "| batch | tokens/s min | median | max |", "|---|---|---|---|"]
+        for b, m in g["summary"].items():
+            t = m["tokens_per_s"]
+            lines.append(f"| {b} | {t['min']:,.0f} | **{t['median']:,.0f}** | {t['max']:,.0f} |")
+        decode = s.get("compute_limit", {}).get("decode_fraction")
+        if decode:
+            lines += ["", f"As sizing's decoding fraction ({decode['formula']}): "
+                      + ", ".join(f"batch {b}: **{v}**" for b, v in decode.items() if b != "formula")]
         lines.append("")
     return lines
