@@ -158,8 +158,10 @@ def draft_type_row(name: str, folder: Path) -> str:
         return f"| `{name}` | {method} | {why} | | | |"
     stem, key = DRAFT_TYPE_RECORDS[name]
     record = json.loads((folder / f"{stem}.json").read_text())
-    run = record[key] if key else record
-    test = run["acceptance"]["sets"]["test"]["drafts"]["trained"]
+    # a draft_type_acceptance.py record keeps EAGLE-3's run under "eagle3", the other's facts under
+    # "other" and its acceptance at the top; a record_run.py record keeps one run at the top
+    run = record[key] if key else record.get("other", record)
+    test = (run.get("acceptance") or record["acceptance"])["sets"]["test"]["drafts"]["trained"]
     figure = f"{test['mean_acceptance_length']:.3f} {_interval((test.get('spread') or {}).get('bootstrap_95'))}"
     commit = ((run.get("workflow") or {}).get("commit") or record.get("commit") or "?")[:7]
     link = f"[{stem}](#{stem})"
