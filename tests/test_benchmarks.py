@@ -230,25 +230,26 @@ def _finished_run(root: Path, algorithm: str, acceptance: dict, commit: str) -> 
 
 
 def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_path):
-    """draft_type_acceptance.py pairs two runs of the same prompts by prompt (the same evaluation
-    twice: a difference of zero), and results_page.py's draft-type table reads the record: every
-    registered type has a row, the GPU-only ones say why they have no figure."""
-    stored = json.loads((BENCH / "results" / "default_acceptance.json").read_text())["acceptance"]
-    eagle3 = _finished_run(tmp_path / "eagle3", "eagle3", stored, "a" * 40)
-    other = _finished_run(tmp_path / "peagle", "peagle", stored, "b" * 40)
+    """draft_type_acceptance.py pairs a run with EAGLE-3's (here the default record, the same
+    evaluation: a difference of zero) by prompt, and results_page.py's draft-type table reads the
+    records: every registered type has a row, the GPU-only ones say why they have no figure."""
+    default = BENCH / "results" / "default_acceptance.json"
+    stored = json.loads(default.read_text())
+    other = _finished_run(tmp_path / "peagle", "peagle", stored["acceptance"], "b" * 40)
     folder = tmp_path / "repo" / "benchmarks" / "results"
     folder.mkdir(parents=True)
-    result = _python(str(BENCH / "draft_type_acceptance.py"), str(eagle3), str(other), "--command", "two runs",
+    (folder / default.name).write_text(default.read_text())
+    result = _python(str(BENCH / "draft_type_acceptance.py"), str(default), str(other), "--command", "two runs",
                      "--out", str(folder / "peagle_default_acceptance"))
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((folder / "peagle_default_acceptance.json").read_text())
     assert {"command", "commit", "versions", "machine", "load_at_start", "date"} <= set(record)
-    assert record["acceptance"] == stored and record["eagle3"]["acceptance"] == stored
-    assert set(record["paired"]) == set(stored["sets"])
+    assert record["acceptance"] == stored["acceptance"] and record["eagle3"]["record"] == "default_acceptance"
+    assert set(record["paired"]) == set(stored["acceptance"]["sets"])
     test = record["paired"]["test"]
     assert test["mean_acceptance_length"] == 0 and test["bootstrap_95"] == [0, 0] and test["prompts"] == 40
     own = record["intervals"]["peagle"]["test"]["trained"]
-    assert own["bootstrap_95"] == stored["sets"]["test"]["drafts"]["trained"]["spread"]["bootstrap_95"]
+    assert own["bootstrap_95"] == stored["acceptance"]["sets"]["test"]["drafts"]["trained"]["spread"]["bootstrap_95"]
     page = (folder / "peagle_default_acceptance.md").read_text()
     assert page.startswith("# peagle beside eagle3 on the embedded default, paired by prompt\n\n"
                            "**peagle − eagle3, validation set (50 prompts), paired: +0.000 [+0.000, +0.000]**")
@@ -260,7 +261,8 @@ def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_p
         sys.path.remove(str(BENCH))
     rows = {line.split(" | ")[0].strip("| `"): line for line in results_page.draft_types(folder) if line.startswith("| `")}
     assert set(rows) == set(results_page.algorithms.ALGORITHMS)
-    assert "(the reference) | aaaaaaa |" in rows["eagle3"] and "+0.000 [+0.000, +0.000] | bbbbbbb |" in rows["peagle"]
+    assert f"(the reference) | {stored['workflow']['commit'][:7]} |" in rows["eagle3"]
+    assert "+0.000 [+0.000, +0.000] (against [default_acceptance](#default_acceptance)) | bbbbbbb |" in rows["peagle"]
     assert "`eagle3` + `parallel_drafting`" in rows["peagle"]
     assert "not measured: vLLM's Model Runner V2, GPU only" in rows["dspark"] and "GPU only" in rows["dflash2"]
     assert "no record yet" in rows["dflash"]  # its record is not in this folder
