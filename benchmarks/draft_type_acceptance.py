@@ -27,7 +27,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from record_run import header, header_line, load, stage_times, this_command, write_record
+from record_run import header, header_line, load, stage_times, write_record
 
 from draftline.artifacts.acceptance import intervals, paired_difference
 
@@ -151,7 +151,8 @@ def main() -> None:
         raise SystemExit(f"{args.eagle3_run}: its draft is {eagle3['algorithm']!r}, not eagle3")
     windows = [w for w in (eagle3["window"], other["window"]) if w]
     record = {
-        **header(args.command + " | " + this_command("./draftline python"), packages=PACKAGES),
+        **header(f"{args.command}; recorded with ./draftline python benchmarks/draft_type_acceptance.py {args.eagle3_run} "
+                 f"{args.other_run} --out {args.out}", packages=PACKAGES),
         "load_during_run": load(args.loadavg, min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None,
         "acceptance": other["acceptance"],
         "other": {k: v for k, v in other.items() if k != "acceptance"},
