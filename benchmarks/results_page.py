@@ -45,12 +45,13 @@ TITLES = {
     "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
 }
 # The table "Draft types on the embedded default": the record of each registered type's run on the
-# default's data (a draft_type_acceptance.py record also holds its difference against EAGLE-3,
-# paired by prompt).
+# default's data and the key of that run in it (None: the record's own run; a
+# draft_type_acceptance.py record holds the type's run, its EAGLE-3 run under "eagle3" and the
+# difference between them paired by prompt).
 DRAFT_TYPE_RECORDS = {
-    "eagle3": "default_acceptance",
-    "peagle": "peagle_default_acceptance",
-    "dflash": "dflash_default_acceptance",
+    "eagle3": ("peagle_default_acceptance", "eagle3"),
+    "peagle": ("peagle_default_acceptance", None),
+    "dflash": ("dflash_default_acceptance", None),
 }
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
@@ -152,15 +153,15 @@ def draft_type_row(name: str, folder: Path) -> str:
     algorithm = algorithms.get(name)
     served = algorithm.speculative_config("DRAFT", 3)
     method = f"`{served['method']}`" + "".join(f" + `{k}`" for k, v in served.items() if v is True)
-    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name]}.json").is_file():
+    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
         why = ("not measured: vLLM's Model Runner V2, GPU only" if getattr(algorithm, "not_served_on_cpu", None)
                else "no record yet")
         return f"| `{name}` | {method} | {why} | | | |"
-    stem = DRAFT_TYPE_RECORDS[name]
+    stem, key = DRAFT_TYPE_RECORDS[name]
     record = json.loads((folder / f"{stem}.json").read_text())
     # a draft_type_acceptance.py record keeps the type's facts under "other" and its acceptance at
-    # the top (EAGLE-3's run under "eagle3"); a record_run.py record keeps its one run at the top
-    run = record.get("other", record)
+    # the top, EAGLE-3's run under "eagle3"; a record_run.py record keeps its one run at the top
+    run = record[key] if key else record.get("other", record)
     test = (run.get("acceptance") or record["acceptance"])["sets"]["test"]["drafts"]["trained"]
     figure = f"{test['mean_acceptance_length']:.3f} {_interval((test.get('spread') or {}).get('bootstrap_95'))}"
     commit = ((run.get("workflow") or {}).get("commit") or record.get("commit") or "?")[:7]
@@ -169,8 +170,8 @@ def draft_type_row(name: str, folder: Path) -> str:
         return f"| `{name}` | {method} | {figure} | (the reference) | {commit} | {link} |"
     if "paired" in record and name == (record.get("other") or {}).get("algorithm"):
         d = record["paired"]["test"]
-        against = record["eagle3"].get("record") or "the EAGLE-3 run in its record"
-        against = f"[{against}](#{against})" if record["eagle3"].get("record") else against
+        own = record["eagle3"].get("record")  # EAGLE-3 from an earlier record, else the same record's run
+        against = f"[{own}](#{own})" if own else "the eagle3 run of the same record"
         paired = f"{d['mean_acceptance_length']:+.3f} {_interval(d['bootstrap_95'], '+')} (against {against})"
         return f"| `{name}` | {method} | {figure} | {paired} | {commit} | {link} |"
     return (f"| `{name}` | {method} | {figure} | not paired: its record has no per-prompt counts; its EAGLE-3 run "
