@@ -18,10 +18,15 @@ the page is the same on every machine; tests/test_docs.py fails when it is out o
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from draftline import algorithms  # noqa: E402
+
 PAGE = REPO / "docs" / "results.md"
 GROUPS = [
     ("On CPU: the development machine", "benchmarks/results"),
@@ -38,6 +43,15 @@ TITLES = {
     "fp8_hidden_states": "fp8 vs full hidden states, two unpaired runs",
     "fp8_hidden_states_notes": "fp8 vs full hidden states: how the unpaired runs were made",
     "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
+}
+# The table "Draft types on the embedded default": the record of each registered type's run on the
+# default's data and the key of that run in it (None: the record's own run; a
+# draft_type_acceptance.py record holds the type's run, its EAGLE-3 run under "eagle3" and the
+# difference between them paired by prompt).
+DRAFT_TYPE_RECORDS = {
+    "eagle3": ("peagle_default_acceptance", "eagle3"),
+    "peagle": ("peagle_default_acceptance", None),
+    "dflash": ("dflash_default_acceptance", None),
 }
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
@@ -129,6 +143,60 @@ def headline(text: str) -> tuple[str, str | None, list[list[str]]]:
     return title, note, picked + (bold[:MAX_LINES] or tables[:1])
 
 
+def _interval(ci, sign: str = "") -> str:
+    return f"[{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]" if ci else "(no interval)"
+
+
+def draft_type_row(name: str, folder: Path) -> str:
+    """One registered draft type's row: its test-set figure and the paired difference against
+    EAGLE-3, read from its record (DRAFT_TYPE_RECORDS), or why there is none."""
+    algorithm = algorithms.get(name)
+    served = algorithm.speculative_config("DRAFT", 3)
+    method = f"`{served['method']}`" + "".join(f" + `{k}`" for k, v in served.items() if v is True)
+    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
+        why = ("not measured: vLLM's Model Runner V2, GPU only" if getattr(algorithm, "not_served_on_cpu", None)
+               else "no record yet")
+        return f"| `{name}` | {method} | {why} | | | |"
+    stem, key = DRAFT_TYPE_RECORDS[name]
+    record = json.loads((folder / f"{stem}.json").read_text())
+    # a draft_type_acceptance.py record keeps the type's facts under "other" and its acceptance at
+    # the top, EAGLE-3's run under "eagle3"; a record_run.py record keeps its one run at the top
+    run = record[key] if key else record.get("other", record)
+    test = (run.get("acceptance") or record["acceptance"])["sets"]["test"]["drafts"]["trained"]
+    figure = f"{test['mean_acceptance_length']:.3f} {_interval((test.get('spread') or {}).get('bootstrap_95'))}"
+    commit = ((run.get("workflow") or {}).get("commit") or record.get("commit") or "?")[:7]
+    link = f"[{stem}](#{stem})"
+    if name == "eagle3":
+        return f"| `{name}` | {method} | {figure} | (the reference) | {commit} | {link} |"
+    if "paired" in record and name == (record.get("other") or {}).get("algorithm"):
+        d = record["paired"]["test"]
+        own = record["eagle3"].get("record")  # EAGLE-3 from an earlier record, else the same record's run
+        against = f"[{own}](#{own})" if own else "the eagle3 run of the same record"
+        paired = f"{d['mean_acceptance_length']:+.3f} {_interval(d['bootstrap_95'], '+')} (against {against})"
+        return f"| `{name}` | {method} | {figure} | {paired} | {commit} | {link} |"
+    return (f"| `{name}` | {method} | {figure} | not paired: its record has no per-prompt counts; its EAGLE-3 run "
+            f"is [default_acceptance](#default_acceptance), made apart | {commit} | {link} |")
+
+
+def draft_types(folder: Path) -> list[str]:
+    """The generated table of every registered draft type on the embedded default's test set."""
+    return [
+        "## Draft types on the embedded default",
+        "",
+        "Every draft type draftline registers (`draft.algorithm`), each trained on the embedded default's data",
+        "(`config/config.yaml`) and measured on its 40 test prompts at k = 3, greedy: mean acceptance length",
+        "with its 95% bootstrap interval over the prompts, and the difference against EAGLE-3 paired by",
+        "prompt (the same resample for both). Only `draft.algorithm` differs from the default at the row's",
+        "commit (the one its run was made at); no type's own settings were tuned. How each run was made",
+        "and what it shared with the EAGLE-3 run is in the linked section.",
+        "",
+        "| type | vLLM serves it as | test: mean acceptance length [95%] | minus eagle3, paired [95%] | commit | record |",
+        "|---|---|---|---|---|---|",
+        *(draft_type_row(name, folder) for name in algorithms.ALGORITHMS),
+        "",
+    ]
+
+
 def anchor(path: Path) -> str:
     return path.stem.lower()
 
@@ -144,6 +212,7 @@ def build(repo: Path = REPO) -> str:
         "versions, machine and load in a record under `benchmarks/`; this page shows each record's",
         "headline figures and links to it. The docs link here instead of retyping a number.",
         "",
+        *draft_types(repo / GROUPS[0][1]),
     ]
     for group, folder in GROUPS:
         records = sorted((repo / folder).glob("*.md"))

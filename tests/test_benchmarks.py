@@ -292,3 +292,58 @@ def test_record_run_records_a_finished_run_as_before(tmp_path):
     assert page.startswith(table + "\n\nCommand: `./draftline snakemake --cores all all`; commit "
                            f"{stored['workflow']['commit']}; machine ")
     assert page.endswith("jobs' wall time 10.0 min; 1-minute load during the run 2.5-2.5 (median 2.5).\n")
+
+
+def _finished_run(root: Path, algorithm: str, acceptance: dict, commit: str) -> Path:
+    """A run folder as draft_type_acceptance.py reads it: acceptance, config, provenance, one job."""
+    results = root / "results"
+    (results / "eval").mkdir(parents=True)
+    (results / "eval" / "acceptance.json").write_text(json.dumps(acceptance))
+    (results / "config").mkdir()
+    (results / "config" / "config.json").write_text(json.dumps({"speculators_model_type": algorithm}))
+    final = results / "checkpoint" / "final"
+    final.mkdir(parents=True)
+    (final / "provenance.json").write_text(json.dumps({"workflow": {"commit": commit, "dirty": False}, "versions": {}}))
+    (final / "draftline_provenance.json").write_text(json.dumps({"chosen_epoch": 3, "val_loss_per_epoch": {"3": 1.0}}))
+    (results / "benchmarks").mkdir()
+    (results / "benchmarks" / "train.tsv").write_text("s\th:m:s\tmax_rss\n60.0\t0:01:00\t900\n")
+    return root
+
+
+def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_path):
+    """draft_type_acceptance.py pairs a run with EAGLE-3's (here the default record, the same
+    evaluation: a difference of zero) by prompt, and results_page.py's draft-type table reads the
+    records: every registered type has a row, the GPU-only ones say why they have no figure."""
+    default = BENCH / "results" / "default_acceptance.json"
+    stored = json.loads(default.read_text())
+    other = _finished_run(tmp_path / "peagle", "peagle", stored["acceptance"], "b" * 40)
+    folder = tmp_path / "repo" / "benchmarks" / "results"
+    folder.mkdir(parents=True)
+    result = _python(str(BENCH / "draft_type_acceptance.py"), str(default), str(other), "--command", "two runs",
+                     "--out", str(folder / "peagle_default_acceptance"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((folder / "peagle_default_acceptance.json").read_text())
+    assert {"command", "commit", "versions", "machine", "load_at_start", "date"} <= set(record)
+    assert record["acceptance"] == stored["acceptance"] and record["eagle3"]["record"] == "default_acceptance"
+    assert set(record["paired"]) == set(stored["acceptance"]["sets"])
+    test = record["paired"]["test"]
+    assert test["mean_acceptance_length"] == 0 and test["bootstrap_95"] == [0, 0] and test["prompts"] == 40
+    own = record["intervals"]["peagle"]["test"]["trained"]
+    assert own["bootstrap_95"] == stored["acceptance"]["sets"]["test"]["drafts"]["trained"]["spread"]["bootstrap_95"]
+    page = (folder / "peagle_default_acceptance.md").read_text()
+    assert page.startswith("# peagle beside eagle3 on the embedded default, paired by prompt\n\n"
+                           "**peagle − eagle3, validation set (50 prompts), paired: +0.000 [+0.000, +0.000]**")
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import results_page
+    finally:
+        sys.path.remove(str(BENCH))
+    rows = {line.split(" | ")[0].strip("| `"): line for line in results_page.draft_types(folder) if line.startswith("| `")}
+    assert set(rows) == set(results_page.algorithms.ALGORITHMS)
+    # EAGLE-3's row is the record's own EAGLE-3 run (here the default record's, at its commit)
+    assert f"1.321 [1.271, 1.369] | (the reference) | {stored['workflow']['commit'][:7]} |" in rows["eagle3"]
+    assert "+0.000 [+0.000, +0.000] (against [default_acceptance](#default_acceptance)) | bbbbbbb |" in rows["peagle"]
+    assert "`eagle3` + `parallel_drafting`" in rows["peagle"]
+    assert "not measured: vLLM's Model Runner V2, GPU only" in rows["dspark"] and "GPU only" in rows["dflash2"]
+    assert "no record yet" in rows["dflash"]  # its record is not in this folder
