@@ -134,6 +134,29 @@ def test_the_vllm_settings_and_engine_args_reach_the_engine(cpu_env, monkeypatch
     }
 
 
+def test_an_extraction_engine_after_an_in_process_one_runs_its_core_beside_the_process(cpu_env, monkeypatch):
+    """vLLM caches its VLLM_* variables once an engine has started (vllm.envs.enable_envs_cache):
+    an extraction engine (in_process=False) after an in-process one in the same process ran its
+    core in-process too, and its last chunk's file lock was never released (the slow tier hung in
+    test_hidden_states_hf after an in-process regeneration engine on the same pytest worker)."""
+    import vllm
+    import vllm.envs as envs
+
+    seen = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            seen.append(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+            envs.enable_envs_cache()  # what vLLM's engine core does once it has started
+
+    monkeypatch.setattr(vllm, "LLM", Engine)
+    monkeypatch.setattr(envs, "__getattr__", envs.__getattr__)  # the test leaves vLLM's cache as it found it
+    settings = engine.EngineSettings(max_model_len=64, dtype="float32", threads=1)
+    engine.target_llm("/target", settings)  # regeneration, evaluation: the core in this process
+    engine.target_llm("/target", settings, in_process=False, extraction=True)
+    assert seen == [False, True]
+
+
 # A value other than the default for every vllm.* key (the schema decides which of them change outputs).
 CHANGED = {"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "max_model_len": 1024, "enable_expert_parallel": True,
            "quantization": "fp8", "kv_cache_dtype": "fp8", "enforce_eager": True, "cpu_kv_cache_gib": 3,

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
@@ -333,9 +334,21 @@ def target_llm(
     # vLLM's records go to the job's log (less logs.NOISE) as every other library's do, not to the
     # terminal between Snakemake's lines; a value the user set wins
     _set_env(CONFIGURE_LOGGING, "0")
+    fresh_vllm_envs()
     from vllm import LLM
 
     return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), extraction), **engine_args)
+
+
+def fresh_vllm_envs() -> None:
+    """Make vLLM read the environment set above for the next engine: once an engine has started,
+    vLLM caches every VLLM_* variable for the process (vllm.envs.enable_envs_cache, called in the
+    engine core's init), so a second engine of the same process would otherwise start with the
+    first one's values (seen: an extraction engine after an in-process one ran its core in-process
+    too, and its last chunk's file lock was never released)."""
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
 
 
 def shutdown(llm) -> None:
