@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftline.sources.datasets_library import dataset_rows, datasets_library
+from draftline.sources.datasets_library import dataset_rows, datasets_library, first_dataset_rows
 from draftline.sources.errors import PromptError, RawRow, no_rows
 
 
@@ -57,8 +55,7 @@ def read_folder(raw: str) -> Iterator[RawRow]:
 
 
 def first_folder_rows(raw: str, n: int) -> list[RawRow]:
-    with contextlib.closing(dataset_rows(load_folder(raw))) as rows:
-        return list(itertools.islice(rows, n))
+    return first_dataset_rows(load_folder(raw), n)
 
 
 def count_folder_rows(raw: str) -> int:

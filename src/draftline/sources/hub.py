@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from draftline.sources.datasets_library import dataset_rows, datasets_library
+from draftline.sources.datasets_library import dataset_rows, datasets_library, first_dataset_rows
 from draftline.sources.errors import PromptError, RawRow, no_rows
 from draftline.sources.spec import HubSource, hub_source
 
@@ -62,8 +60,7 @@ def read_hub(raw: str) -> Iterator[RawRow]:
 
 
 def first_hub_rows(raw: str, n: int) -> list[RawRow]:
-    with contextlib.closing(dataset_rows(load_hub(raw))) as rows:
-        return list(itertools.islice(rows, n))
+    return first_dataset_rows(load_hub(raw), n)
 
 
 def count_hub_rows(raw: str) -> int | str:
