@@ -35,7 +35,6 @@ GROUPS = [
 # Records whose file starts with a table and has no title of its own.
 TITLES = {
     "default_acceptance": "Acceptance on the embedded default (`config/config.yaml`, EAGLE-3)",
-    "dflash_default_acceptance": "Acceptance on the embedded default's data with `draft.algorithm: dflash`",
     "preset_acceptance": "Acceptance with the preset `config/presets/acceptance.yaml`",
     "preset_candidate_320tokens_6epochs": "A candidate for the acceptance preset, not chosen (answers <= 320 tokens, 6 epochs)",
     "pipeline_default": "The quick start's wall time, stage by stage (embedded default)",
