@@ -13,6 +13,7 @@ SRC = REPO / "src"
 # this process's sys.path (locally, in a Slurm job, in a conda env), so no PYTHONPATH (docs/DESIGN.md).
 sys.path.insert(0, str(SRC))
 
+from draftline.algorithms import draft_settings  # noqa: E402
 from draftline.planning import plan as planning  # noqa: E402
 
 from draftline.planning import sizing

@@ -21,7 +21,8 @@ rule speculator_config:
         target_dir=TARGET_PATH,
         versions=versions("speculators", "transformers"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        draft=config["draft"],
+        # the draft: settings its algorithm reads (a peagle setting does not rerun an eagle3 run)
+        draft=draft_settings(config["draft"]),
         ttt_steps=config["train"]["ttt_steps"],
         trust_remote_code=config["target"]["trust_remote_code"],
     script:

@@ -98,10 +98,10 @@ def test_config_is_what_the_model_class_builds_from_the_trainers_arguments(tiny_
     from draftline.stages.speculator_config import build_speculator_config
 
     vocab = 512 if name == "dflash2" else 64  # DFlash2 drafts over the whole vocabulary
-    settings = DraftSettings(num_layers=1, block_size=4)
+    settings = DraftSettings(num_layers=1, block_size=4, num_depths=3)
     ours = build_speculator_config(tiny_model, [2, 4, 5], vocab, settings, algorithm=name)
     algorithm = algorithms.get(name)
-    extra = [] if name == "peagle" else ["--block-size", "4"]
+    extra = ["--num-depths", "3"] if name == "peagle" else ["--block-size", "4"]
     args = resolve_train_args(str(tiny_model), [2, 4, 5], vocab, settings, name, False, extra=extra)
     layer = transformer_layer_config(str(tiny_model), args, False)
     args["mask_token_id"] = resolve_mask_token_id(str(tiny_model), layer.vocab_size, None)
@@ -141,6 +141,9 @@ def _published(run: Path, name: str) -> dict:
 @pytest.fixture(scope="module")
 def peagle_run(tiny_run, tmp_path_factory):
     run = _switched_run(tiny_run, tmp_path_factory, "peagle")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["draft"]["num_depths"] = 3  # not speculators' default (8)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
     planned = planned_jobs(run, ACCEPTANCE)
     snakemake(run, "--cores", "2", ACCEPTANCE)
     return run, planned
@@ -151,6 +154,9 @@ def test_peagle_trains_and_vllm_serves_it_as_a_parallel_drafting_eagle3_draft(pe
     assert planned == {"speculator_config": 1, "train": 1, "evaluate_set": 2, "evaluate_baseline": 1, "evaluate": 1}
     config = _published(run, "peagle")
     assert config["mask_token_id"] is not None
+    # draft.num_depths is the config's proposal length and the Trainer's --num-depths
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert "--num-depths 3" in (run / "logs/train.log").read_text()
     assert algorithms.get("peagle").speculative_config("x", 3) == {
         "method": "eagle3", "model": "x", "num_speculative_tokens": 3, "parallel_drafting": True}
     acceptance = json.loads((run / ACCEPTANCE).read_text())

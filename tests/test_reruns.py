@@ -74,6 +74,13 @@ def test_training_setting_reruns_only_training(run, change):
     assert planned_jobs(run, TARGET) == AFTER_TRAIN
 
 
+@pytest.mark.parametrize("change", [{"num_depths": 3}, {"block_size": 4}])
+def test_a_draft_setting_another_algorithm_reads_reruns_nothing(run, change):
+    """draft.num_depths is P-EAGLE's, draft.block_size the block drafts': an EAGLE-3 run plans nothing."""
+    edit_config(run, draft=change)
+    assert planned_jobs(run, TARGET) == {}
+
+
 def test_draft_vocab_size_reruns_vocab_config_and_training(run):
     edit_config(run, vocab={"draft_vocab_size": 128})
     assert planned_jobs(run, TARGET) == {"vocab": 1, "report_vocab_coverage": 1, "speculator_config": 1,

@@ -42,6 +42,17 @@ class ConfigFacts:
     hidden_size: int  # the draft's (= the target's) hidden size
     draft_vocab_size: int
     target_vocab_size: int
+    # the config's proposal length (speculators_config's default proposal method): P-EAGLE's depths
+    speculative_tokens: int | None = None
+
+
+def proposal_length(config: dict) -> int | None:
+    """The speculative tokens of a config.json's default proposal method (None: it names none)."""
+    block = config.get("speculators_config") or {}
+    for method in block.get("proposal_methods") or []:
+        if method.get("proposal_type") == block.get("default_proposal_method"):
+            return int(method["speculative_tokens"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class DraftSettings:
     num_layers: int = default("draft", "num_layers")
     ttt_steps: int = default("train", "ttt_steps")  # positions trained per step, vLLM's default k
     block_size: int = default("draft", "block_size")  # dflash: tokens proposed per forward pass
+    num_depths: int = default("draft", "num_depths")  # peagle: parallel depths trained
 
     @classmethod
     def from_config(cls, block: dict, **more) -> DraftSettings:
@@ -61,13 +73,14 @@ class DraftSettings:
 class DraftAlgorithm(Protocol):
     name: str  # speculators' speculator_type
     vllm_method: str  # vLLM's speculative_config["method"]
+    draft_keys: tuple[str, ...]  # the `draft:` settings its config is built from
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
                      trust_remote_code: bool = False): ...
 
     def config_facts(self, config: dict) -> ConfigFacts: ...
 
-    def trainer_args(self, settings: DraftSettings) -> list[str]: ...
+    def trainer_args(self, settings: DraftSettings, facts: ConfigFacts) -> list[str]: ...
 
     def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]: ...
 
@@ -84,6 +97,7 @@ class FusedAuxDraft:
     name: str
     vllm_method: str
     aux_key: str  # the config.json key listing the aux layer ids
+    draft_keys: tuple[str, ...] = ("num_layers",)  # the `draft:` settings its config is built from
     # why vLLM cannot serve this draft without a GPU (None: it can), said before an engine loads
     not_served_on_cpu: str | None = None
 
@@ -94,6 +108,7 @@ class FusedAuxDraft:
             hidden_size=int(tl["hidden_size"]),
             draft_vocab_size=int(config["draft_vocab_size"]),
             target_vocab_size=int(tl["vocab_size"]),
+            speculative_tokens=proposal_length(config),
         )
 
     def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
@@ -113,6 +128,13 @@ def get(name: str) -> DraftAlgorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"draft.algorithm {name!r}: expected one of {', '.join(sorted(ALGORITHMS))}")
     return importlib.import_module(ALGORITHMS[name]).ALGORITHM
+
+
+def draft_settings(block: dict) -> dict:
+    """The validated `draft:` block without the settings its algorithm does not read (a
+    speculator_config param: changing P-EAGLE's depths does not rerun an EAGLE-3 run)."""
+    algorithm = get(block["algorithm"])
+    return {"algorithm": block["algorithm"], **{key: block[key] for key in algorithm.draft_keys}}
 
 
 def of_config(config: dict, where: str) -> DraftAlgorithm:

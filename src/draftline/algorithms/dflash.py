@@ -10,7 +10,7 @@ fields `from_training_args` sets), with the mask token resolved as the Trainer r
 
 from __future__ import annotations
 
-from draftline.algorithms import DraftSettings, FusedAuxDraft
+from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
 from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
 
 
@@ -18,6 +18,7 @@ class DFlash(FusedAuxDraft):
     name = "dflash"
     aux_key = "aux_hidden_state_layer_ids"
     vllm_method = "dflash"
+    draft_keys = ("num_layers", "block_size")
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
                      trust_remote_code: bool = False):
@@ -31,7 +32,7 @@ class DFlash(FusedAuxDraft):
                                                       trust_remote_code=trust_remote_code)
         return DFlashSpeculatorConfig(**DFlashDraftModel._build_base_config_kwargs(self.name, layer, **args))
 
-    def trainer_args(self, settings: DraftSettings) -> list[str]:
+    def trainer_args(self, settings: DraftSettings, facts: ConfigFacts) -> list[str]:
         # The block size and mask token come from the config (--from-pretrained).
         return ["--speculator-type", self.name]
 

@@ -8,7 +8,7 @@ config fields `Eagle3DraftModel.from_training_args` sets, without instantiating 
 
 from __future__ import annotations
 
-from draftline.algorithms import DraftSettings, FusedAuxDraft
+from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
 
 
 def resolve_train_args(
@@ -123,7 +123,7 @@ class Eagle3(FusedAuxDraft):
             speculators_config=speculators_config(target, self.name, args["ttt_steps"]),
         )
 
-    def trainer_args(self, settings: DraftSettings) -> list[str]:
+    def trainer_args(self, settings: DraftSettings, facts: ConfigFacts) -> list[str]:
         return ["--speculator-type", self.name, "--ttt-steps", str(settings.ttt_steps)]
 
     def model_class(self):

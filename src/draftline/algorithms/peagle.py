@@ -5,7 +5,7 @@ vLLM serves it as `eagle3` with `parallel_drafting` (what vLLM's speculators con
 for a `peagle` checkpoint). It reads the same hidden states as EAGLE-3.
 
 The config is the one `PEagleDraftModel.from_training_args` builds from the Trainer's resolved
-flags (its defaults: `num_depths` 8, trainable embeddings).
+flags (`--num-depths` from draft.num_depths, speculators' default 8; trainable embeddings).
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ class PEagle(FusedAuxDraft):
     name = "peagle"
     aux_key = "eagle_aux_hidden_state_layer_ids"
     vllm_method = "eagle3"
+    draft_keys = ("num_layers", "num_depths")
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
                      trust_remote_code: bool = False):
-        return training_config(self, target, aux, draft_vocab_size, settings, trust_remote_code)
+        return training_config(self, target, aux, draft_vocab_size, settings, trust_remote_code,
+                               extra=["--num-depths", str(settings.num_depths)])
 
-    def trainer_args(self, settings: DraftSettings) -> list[str]:
-        # speculators' P-EAGLE defaults (num_depths 8, COD ratios); the mask token comes with the config
-        return ["--speculator-type", self.name]
+    def trainer_args(self, settings: DraftSettings, facts: ConfigFacts) -> list[str]:
+        # the depths the config was built with (its proposal length); speculators' COD ratios; the
+        # mask token comes with the config
+        return ["--speculator-type", self.name, "--num-depths", str(facts.speculative_tokens)]
 
     def expected_tensors(self, facts: ConfigFacts) -> dict[str, list[int]]:
         # the hidden state fed to the parallel positions, over the fused aux layers

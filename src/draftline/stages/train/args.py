@@ -83,7 +83,7 @@ def speculators_args(inputs: TrainInputs, settings: TrainSettings, facts: InputF
         "--optimizer", options.optimizer,
         "--total-seq-len", str(settings.total_seq_len),
         "--train-data-ratio", repr(fraction),
-        *algorithm.trainer_args(DraftSettings(ttt_steps=settings.ttt_steps)),
+        *algorithm.trainer_args(DraftSettings(ttt_steps=settings.ttt_steps), facts.config),
         "--seed", str(settings.seed),
         "--loss-implementation", "eager",  # the fused loss fails inside torch.compile
         "--draft-attn-impl", "sdpa",
