@@ -1,7 +1,7 @@
 """A draft type's acceptance beside EAGLE-3's on the same data, paired by prompt.
 
     python benchmarks/draft_type_acceptance.py EAGLE3_RUN OTHER_RUN --command "CMD" \
-        --out benchmarks/results/NAME [--loadavg LOG] [--since ISO-TIME] [--note TEXT]
+        --out benchmarks/results/NAME [--loadavg LOG] [--since ISO-TIME] [--note TEXT] [--title TEXT]
 
 EAGLE3_RUN and OTHER_RUN are two finished run folders whose upstream (prompts, regenerated
 answers, tokenized data, hidden states, vocab maps) is the same and whose configs differ only in
@@ -97,7 +97,7 @@ def interval(ci) -> str:
 
 def markdown(record: dict) -> str:
     other, name = record["other"], record["other"]["algorithm"]
-    lines = [f"# {name} beside eagle3 on the embedded default, paired by prompt", ""]
+    lines = [f"# {record.get('title') or f'{name} beside eagle3 on the embedded default, paired by prompt'}", ""]
     for set_name, d in record["paired"].items():
         lines.append(f"**{name} − eagle3, {set_name} set ({d['prompts']} prompts), paired: "
                      f"{d['mean_acceptance_length']:+.3f} {interval(d['bootstrap_95'])}**")
@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--loadavg", type=Path)
     parser.add_argument("--since", help="OTHER_RUN's start (ISO time): its jobs that ended before are the copied upstream")
     parser.add_argument("--note", help="a paragraph for the page (what was and was not tuned)")
+    parser.add_argument("--title", help="the page's title (default: TYPE beside eagle3 on the embedded default, ...)")
     args = parser.parse_args()
 
     since = datetime.fromisoformat(args.since.replace("Z", "+00:00")).timestamp() if args.since else None
@@ -160,6 +161,7 @@ def main() -> None:
         "intervals": {"eagle3": own_intervals(eagle3["acceptance"]), other["algorithm"]: own_intervals(other["acceptance"])},
         "paired": paired(other["acceptance"], eagle3["acceptance"]),
         "note": args.note,
+        "title": args.title,
     }
     page = markdown(record)
     write_record(Path(args.out).with_suffix(""), record, page)
