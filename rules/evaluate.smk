@@ -10,6 +10,7 @@ EVALUATION_PARAMS = dict(
     num_speculative_tokens=config["evaluate"]["num_speculative_tokens"],
     max_new_tokens=config["evaluate"]["max_new_tokens"],
     max_prompts=config["evaluate"]["max_prompts"],
+    per_prompt_counts=config["evaluate"]["per_prompt_counts"],
     seed=config["evaluate"]["seed"],
     target=TARGET_IDENTITY,
     target_dir=TARGET_PATH,

@@ -200,7 +200,7 @@ def evaluation(tiny_model, tmp_path_factory):
             EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1),
         )
     written = json.loads((tmp / "acceptance.json").read_text())
-    return {"summary": summary, "json": written, "readings": readings, "engines": engines,
+    return {"summary": summary, "json": written, "readings": readings, "engines": engines, "target": tiny_model,
             "oracle": oracle, "untrained": untrained, "prompts": chosen, "config": config, "tmp": tmp}
 
 
@@ -290,6 +290,60 @@ def test_spread_comes_from_vllm_per_request_metrics(evaluation):
         per_prompt = spread["per_prompt_mean_acceptance_length"]
         assert per_prompt["min"] <= per_prompt["median"] <= per_prompt["max"]
         assert per_prompt["min"] <= draft["mean_acceptance_length"] <= per_prompt["max"]
+
+
+@pytest.fixture(scope="module")
+def evaluation_in_separate_calls(evaluation):
+    """The same evaluation with evaluate.per_prompt_counts: separate_calls: no engine is asked for
+    vLLM's per-request metrics; each prompt is counted in a call of its own after the set's batch."""
+    import draftline.stages.evaluate as ev
+
+    tmp = evaluation["tmp"]
+    out = tmp / "separate_calls" / "acceptance.json"
+    out.parent.mkdir()
+    ev.evaluate(
+        evaluation["target"], {"test": tmp / "heldout.jsonl", "mine": tmp / "mine.jsonl"},
+        {"trained": evaluation["oracle"], "untrained": evaluation["untrained"]}, out,
+        EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1,
+                         per_prompt_counts="separate_calls"),
+    )
+    return json.loads(out.read_text())
+
+
+@pytest.mark.dag
+def test_prompts_counted_in_calls_of_their_own_equal_vllms_per_request_metrics(evaluation, evaluation_in_separate_calls):
+    """For a vLLM that keeps no per-request metrics (vLLM < 0.29, the vllm0.26 GPU lock): each
+    prompt's counts from the counters around its own call are what vLLM's per-request metrics say
+    (the same rows, so the same interval and the same paired comparisons), and the set's figure
+    is still the batched call's."""
+    apart = evaluation_in_separate_calls
+    for name, data in evaluation["json"]["sets"].items():
+        for draft, block in data["drafts"].items():
+            other = apart["sets"][name]["drafts"][draft]
+            assert other["per_prompt"] == block["per_prompt"], (name, draft)
+            assert other["spread"] == block["spread"] and other["counters"] == block["counters"], (name, draft)
+            assert other["per_prompt_counts"] == {"source": "separate_calls", "same_counts_as_batched": True,
+                                                  "outputs_unlike_batched": 0}
+            assert "per_prompt_counts" not in block  # vLLM's own metrics: nothing to say
+        assert apart["sets"][name]["trained_minus_untrained"] == data["trained_minus_untrained"]
+
+
+def test_one_calls_counters_take_the_shape_of_vllms_per_request_metrics():
+    """A call's counter deltas as vLLM's per-request metrics (its acceptance histogram): read back
+    by the per-prompt record, they are the same counts."""
+    from draftline.artifacts.acceptance import per_prompt, totals
+    from draftline.stages.evaluate.counters import request_metrics
+
+    delta = {DRAFTS: 10, DRAFT_TOKENS: 30, ACCEPTED: 13, ACCEPTED_PER_POS: [7, 4, 2], GENERATION_TOKENS: 23, PROMPT_TOKENS: 9}
+    metrics = request_metrics(delta, K)
+    # 3 steps accepted nothing, 3 one token, 2 two, 2 all three
+    assert metrics == {"num_spec_steps": 10, "num_draft_tokens": 30, "num_accepted_draft_tokens": 13,
+                       "acceptance_histogram": [3, 3, 2, 2]}
+    assert totals(per_prompt(["p0"], [metrics], K)) == {"drafts": 10, "draft_tokens": 30, "accepted": 13,
+                                                        "accepted_per_position": [7, 4, 2]}
+    # vLLM leaves the per-position counter short when no step reached the later positions
+    short = request_metrics({**delta, ACCEPTED: 5, ACCEPTED_PER_POS: [5]}, K)
+    assert short["acceptance_histogram"] == [5, 5, 0, 0]
 
 
 def test_spread_bootstrap_is_seeded_and_brackets_the_pooled_ratio():

@@ -2,7 +2,10 @@
 
 Each draft of each prompt set (`sets.<set>.drafts.<draft>`) keeps `per_prompt`: one row per
 prompt, in the set's order, from vLLM's per-request spec-decode metrics
-(`per_request_spec_decode_metrics="summary"`), written one row to a line:
+(`per_request_spec_decode_metrics="summary"`), or, with `evaluate.per_prompt_counts:
+separate_calls` (a vLLM that keeps none), from the counters around each prompt's own call
+(`sets.<set>.drafts.<draft>.per_prompt_counts` then says whether they add up to the batched
+call's), written one row to a line:
 
     "per_prompt": {"columns": ["id", "drafts", "draft_tokens", "accepted", "accepted_per_position"],
                    "rows": [["9f2c…", 41, 123, 17, [12, 4, 1]], ...]}
@@ -222,8 +225,9 @@ def draft_block(result: dict, path: str | Path, prompt_set: str, draft: str) -> 
     if not block:
         raise ValueError(
             f"{path}: sets.{prompt_set}.drafts.{draft} has no per_prompt counts (evaluated before draftline "
-            "recorded them, or vLLM kept no per-request metrics): rerun the evaluate step "
-            "(`./draftline snakemake --forcerun evaluate results/eval/acceptance.json`)"
+            "recorded them, or vLLM kept no per-request metrics: vLLM < 0.29, where "
+            "`evaluate.per_prompt_counts: separate_calls` counts each prompt in a call of its own): rerun the "
+            "evaluate step (`./draftline snakemake --forcerun evaluate results/eval/acceptance.json`)"
         )
     return block
 

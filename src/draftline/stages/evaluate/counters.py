@@ -37,6 +37,16 @@ def counter_delta(before: dict, after: dict) -> dict:
     return delta
 
 
+def request_metrics(delta: dict, k: int) -> dict:
+    """One call of one prompt: its counter deltas in the shape of vLLM's per-request spec-decode
+    metrics (what `per_request_spec_decode_metrics` gives where the engine keeps them)."""
+    positions = list(delta[ACCEPTED_PER_POS]) + [0] * (k - len(delta[ACCEPTED_PER_POS]))
+    # steps that accepted exactly j draft tokens, j = 0..k (a step accepting j counts at positions < j)
+    histogram = [delta[DRAFTS] - positions[0], *(positions[j - 1] - positions[j] for j in range(1, k)), positions[k - 1]]
+    return {"num_spec_steps": delta[DRAFTS], "num_draft_tokens": delta[DRAFT_TOKENS],
+            "num_accepted_draft_tokens": delta[ACCEPTED], "acceptance_histogram": histogram}
+
+
 def acceptance(counters: dict, k: int) -> dict:
     """Acceptance numbers from one run's counter deltas; checks vLLM's counters agree."""
     drafts, draft_tokens, accepted = counters[DRAFTS], counters[DRAFT_TOKENS], counters[ACCEPTED]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from draftline import algorithms
 from draftline.runtime.vllm_engine import has_cuda, target_llm, vllm_has_engine_arg
-from draftline.stages.evaluate.counters import GENERATION_TOKENS, counter_delta, read_counters
+from draftline.stages.evaluate.counters import GENERATION_TOKENS, counter_delta, read_counters, request_metrics
 from draftline.stages.evaluate.prompts import Prompt
 from draftline.stages.evaluate.settings import EvaluateSettings
 
@@ -25,8 +25,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
             raise RuntimeError(f"{draft}: a {algorithm.name} draft cannot be evaluated on this machine: "
                                f"{algorithm.not_served_on_cpu}. Evaluate it on a GPU (docs/cluster.md).")
         extra["speculative_config"] = algorithm.speculative_config(draft, settings.num_speculative_tokens)
-        # per-prompt acceptance, for the spread of each set's figure (where this vLLM keeps it)
-        if vllm_has_engine_arg("per_request_spec_decode_metrics"):
+        # per-prompt acceptance, for the spread of each set's figure (where this vLLM keeps it; with
+        # per_prompt_counts separate_calls each prompt's own call counts it: counted_one_by_one)
+        if settings.per_prompt_counts == "vllm" and vllm_has_engine_arg("per_request_spec_decode_metrics"):
             extra["per_request_spec_decode_metrics"] = "summary"
     # the spec-decode counters are only kept with stats on
     return target_llm(target_dir, settings, disable_log_stats=False, **extra)
@@ -61,6 +62,28 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
         "counters": delta,
         "per_request": [m.to_dict() if m is not None else None for m in per_request],
     }
+
+
+def counted_one_by_one(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
+    """Each prompt in a greedy call of its own, its spec-decode counts the engine's counters'
+    difference around that call, in the shape of vLLM's per-request metrics
+    (evaluate.per_prompt_counts: separate_calls, for a vLLM that keeps none). Batch 1: the set's
+    batched call (timed_generate) stays the timed one and the set's figure."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+    per_request, token_ids = [], []
+    for prompt in prompts:
+        before = read_counters(llm.get_metrics())
+        (output,) = llm.chat([prompt.messages], params, use_tqdm=False, chat_template=chat_template,
+                             chat_template_kwargs=settings.chat_template_kwargs or None)
+        delta = counter_delta(before, read_counters(llm.get_metrics()))
+        if delta[GENERATION_TOKENS] != len(output.outputs[0].token_ids):
+            raise RuntimeError(f"prompt {prompt.id}: vLLM counted {delta[GENERATION_TOKENS]} generated tokens but returned "
+                               f"{len(output.outputs[0].token_ids)}: its counters do not describe this call")
+        per_request.append(request_metrics(delta, settings.num_speculative_tokens))
+        token_ids.append(list(output.outputs[0].token_ids))
+    return {"per_request": per_request, "token_ids": token_ids}
 
 
 def warm_up(llm, prompt: Prompt, chat_template: str | None, template_kwargs: dict | None = None) -> None:

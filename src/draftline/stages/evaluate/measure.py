@@ -11,9 +11,9 @@ from pathlib import Path
 from draftline.artifacts import acceptance as record
 from draftline.runtime.vllm_engine import shutdown
 from draftline.stages.evaluate.counters import acceptance
-from draftline.stages.evaluate.engines import engine_for, timed_generate, warm_up
+from draftline.stages.evaluate.engines import counted_one_by_one, engine_for, timed_generate, warm_up
 from draftline.stages.evaluate.lossless import check_lossless
-from draftline.stages.evaluate.per_prompt import check_per_prompt, spread
+from draftline.stages.evaluate.per_prompt import check_per_prompt, separate_calls_agree, spread
 from draftline.stages.evaluate.prompts import Prompt, fitting_prompts
 from draftline.stages.evaluate.settings import EvaluateSettings
 
@@ -81,11 +81,21 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
         run = timed_generate(llm, prompts, settings, chat_template)
         check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, alone.tokenizer)
         numbers = acceptance(run["counters"], k)
-        prompts_counted = record.per_prompt([p.id for p in prompts], run["per_request"], k)
-        check_per_prompt(prompts_counted, run["counters"], f"{name}, {draft} draft")
+        per_request, counted_apart = run["per_request"], None
+        if settings.per_prompt_counts == "separate_calls":  # each prompt again, in a call of its own
+            # a counting pass: lossless is checked on the batched call (its outputs are compared in
+            # separate_calls_agree; a GPU batch may round otherwise than one prompt alone)
+            one = counted_one_by_one(llm, prompts, settings, chat_template)
+            per_request = one["per_request"]
+        prompts_counted = record.per_prompt([p.id for p in prompts], per_request, k)
+        if settings.per_prompt_counts == "separate_calls":
+            counted_apart = separate_calls_agree(prompts_counted, run, one["token_ids"], f"{name}, {draft} draft")
+        else:
+            check_per_prompt(prompts_counted, run["counters"], f"{name}, {draft} draft")
         results[name] = {
             **numbers,
-            "spread": spread(run["per_request"], seed=settings.seed),
+            "spread": spread(per_request, seed=settings.seed),
+            **({"per_prompt_counts": counted_apart} if counted_apart else {}),
             "output_tokens_per_s": run["output_tokens_per_s"],
             "speedup": round(run["output_tokens_per_s"] / reference[name]["output_tokens_per_s"], 3),
             "output_tokens": run["output_tokens"],

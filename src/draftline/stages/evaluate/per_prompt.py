@@ -53,6 +53,23 @@ def check_per_prompt(block: dict | None, counters: dict, where: str) -> None:
         )
 
 
+def separate_calls_agree(block: dict, batched: dict, token_ids: list[list[int]], where: str) -> dict:
+    """evaluate.per_prompt_counts separate_calls: whether the prompts' own calls gave the batched
+    call's outputs and, summed, its counters (on CPU they do; on a GPU a batch can round otherwise
+    and pick another greedy token); the set's figure stays the batched call's."""
+    summed = record.totals(block)
+    counters = batched["counters"]
+    per_pos = counters[ACCEPTED_PER_POS]
+    same_counts = summed == {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
+                             "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}
+    other_outputs = sum(a != b for a, b in zip(token_ids, batched["token_ids"], strict=True))
+    if not same_counts:
+        log.warning("%s: the prompts' own calls sum to %s, the batched call's counters are %s (%d of %d outputs differ "
+                    "from the batched call's): the per-prompt counts and interval describe the separate calls",
+                    where, summed, counters, other_outputs, len(token_ids))
+    return {"source": "separate_calls", "same_counts_as_batched": same_counts, "outputs_unlike_batched": other_outputs}
+
+
 def trained_minus_untrained(drafts: dict, name: str, seed: int) -> dict | None:
     """The paired difference of the trained and the untrained draft on one set (the same prompts,
     the same resamples), when both were measured with per-prompt counts."""
