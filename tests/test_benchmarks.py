@@ -347,3 +347,50 @@ def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_p
     assert "`eagle3` + `parallel_drafting`" in rows["peagle"]
     assert "not measured: vLLM's Model Runner V2, GPU only" in rows["dspark"] and "GPU only" in rows["dflash2"]
     assert "no record yet" in rows["dflash"]  # its record is not in this folder
+
+
+def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_acceptance_with_the_cpu_record(tmp_path):
+    """h200_session_record.py on runs as `wait` brings them back, one cut short: each GPU job's wait
+    and slot from its log, each acceptance file's sets paired by prompt with the CPU record, how
+    its per-prompt counts were made, and preflight's verdict."""
+    from draftline.artifacts.acceptance import paired_difference
+
+    stored = json.loads((BENCH / "results" / "default_acceptance.json").read_text())["acceptance"]
+    cpu = stored["sets"]["test"]["drafts"]["untrained"]
+    run = tmp_path / "u" / "default"
+    (run / "repo" / "logs" / "evaluate").mkdir(parents=True)
+    (run / "repo" / "results" / "eval").mkdir(parents=True)
+    (run / "repo" / "results" / "benchmarks").mkdir(parents=True)
+    (run / "status").write_text("start 2026-12-05T05:42:12Z ./draftline snakemake\n")
+    (run / "run.log").write_text("Finished jobid: 18 (Rule: evaluate_baseline)\n16 of 26 steps (62%) done\n")
+    (run / "repo" / "logs" / "evaluate" / "untrained_draft.log").write_text(
+        "2026-12-05 05:51:22,108 draftline.runtime.devices waiting for 1 free GPU(s) among 0 (60 s so far)\n"
+        "2026-12-05 05:57:48,160 draftline.runtime.devices local GPU slot: CUDA_VISIBLE_DEVICES=0\n"
+        "Loading safetensors checkpoint shards\n"
+        "2026-12-05 06:00:34,634 draftline.stages.evaluate.measure test, untrained draft: ...\n")
+    (run / "repo" / "logs" / "vocab.log").write_text("2026-12-05 05:50:00,000 draftline.stages.vocab done\n")
+    (run / "repo" / "results" / "benchmarks" / "evaluate_baseline.tsv").write_text("s\th:m:s\n620.27\t0:10:20\n")
+    # the CUDA run's per-prompt rows: the CPU record's with one more accepted token on the first prompt
+    rows = [list(r) for r in cpu["per_prompt"]["rows"]]
+    rows[0][3] += 1
+    rows[0][4] = [rows[0][4][0] + 1, *rows[0][4][1:]]
+    mine = {**cpu, "per_prompt": {**cpu["per_prompt"], "rows": rows},
+            "per_prompt_counts": {"source": "separate_calls", "same_counts_as_batched": True, "outputs_unlike_batched": 0}}
+    (run / "repo" / "results" / "eval" / "untrained_draft.json").write_text(json.dumps(
+        {"lossless": True, "sets": {"test": {"prompts": len(rows), "drafts": {"untrained": mine}}}}))
+    out = tmp_path / "h200_x"
+    result = _python(str(CUDA / "h200_session_record.py"), str(tmp_path / "u"), "--out", str(out), "--commit", "abc1234",
+                     "--date", "2026-12-05", "--title", "T", "--lead", "L", "--command", "C", "--versions", "V",
+                     "--cpu-record", str(BENCH / "results" / "default_acceptance.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.with_suffix(".json").read_text())["runs"]["default"]
+    assert record["steps_done"] == "16 of 26" and record["jobs_finished"] == ["evaluate_baseline"]
+    assert record["gpu_jobs"] == [{"job": "evaluate/untrained_draft", "waited_from": "2026-12-05 05:51:22",
+                                   "gpu_from": "2026-12-05 05:57:48", "last_log_line": "2026-12-05 06:00:34"}]
+    assert record["benchmark_seconds"] == {"evaluate_baseline": 620.3}
+    entry = record["acceptance"]["test/untrained"]
+    assert entry["per_prompt_counts"]["source"] == "separate_calls"
+    expected = paired_difference(mine["per_prompt"], cpu["per_prompt"], names=("H200 bf16", "CPU record"))
+    assert entry["minus_cpu_record"] == expected and expected["mean_acceptance_length"] > 0
+    page = out.with_suffix(".md").read_text()
+    assert "| test/untrained | " in page and "| evaluate/untrained_draft | 2026-12-05 05:51:22 | 2026-12-05 05:57:48 |" in page

@@ -15,7 +15,7 @@
 # (where there is one) on top of the default config. All runs share one GPU lock folder: their GPU
 # jobs take turns (draftline.runtime.devices.claim_gpus), each engine with the default share.
 # A PHASE is runs joined by '+', started together; the next phase starts when all of them ended.
-# Default: "default+preflight rates" (preflight's GPU jobs fill the DAG's CPU-only stretches; the
+# Default: "default rates" (preflight passed on 2026-12-05: `session preflight` runs it; the
 # rates run with the GPU to themselves). A run that ended with rc 0 is not started again; one that
 # failed or was cut is started again and resumes (Snakemake keeps finished jobs; --rerun-incomplete).
 set -uo pipefail
@@ -28,7 +28,7 @@ POLL=${H200_POLL:-10}  # seconds between looks at the runs
 # bench_cuda.py's rate measurements (its RATE_STAGES) and their sizes; RATES_ARGS overrides the sizes
 RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 128 --seq-len 2048 --rounds 3 --regen-rounds 2}
-DEFAULT_PHASES=("default+preflight" "rates")
+DEFAULT_PHASES=("default" "rates")
 
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()

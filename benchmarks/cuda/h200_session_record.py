@@ -1,0 +1,172 @@
+"""A record of one H200 session's runs (benchmarks/cuda/h200_pipeline.sh), finished or cut short.
+
+    python benchmarks/cuda/h200_session_record.py UNPACKED --out benchmarks/cuda/results/NAME \
+        --commit COMMIT --date YYYY-MM-DD --note TEXT [--cpu-record benchmarks/results/default_acceptance.json]
+
+UNPACKED holds each run's tarball as `wait` brought it back, unpacked into a folder named after
+the run (`mkdir -p U/default && tar xzf FILES/default.tar.gz -C U/default`, the same for
+preflight). For each run: its status lines (start, end, rc), each job's GPU wait and GPU time
+(from `draftline.runtime.devices`' lines in the job logs: all runs share one GPU lock folder,
+so a job's benchmark time includes its wait), each job's Snakemake benchmark seconds, what
+ran and what did not (the DAG's jobs planned against those with a benchmark file); preflight's
+report (ok, each check, the measured figures); every acceptance file the default run wrote
+(results/eval/*.json, results/eval/sets/*.json), each set's figure and interval, how its
+per-prompt counts were made, and each one paired by prompt with the CPU record's same set and
+draft (`draftline.artifacts.acceptance.paired_difference`). Writes NAME.json and NAME.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from draftline.artifacts.acceptance import paired_difference, read  # noqa: E402
+
+SLOT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices local GPU slot")
+WAIT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices waiting for")
+STAMP = re.compile(r"^(2\d{3}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ ")
+
+
+def gpu_jobs(repo: Path) -> list[dict]:
+    """Each job log that claimed the GPU: when it started waiting, got the slot, last logged."""
+    jobs = []
+    for log in sorted((repo / "logs").rglob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        slot = next((m[1] for line in lines if (m := SLOT.match(line))), None)
+        if slot is None:
+            continue
+        wait = next((m[1] for line in lines if (m := WAIT.match(line))), None)
+        last = [m[1] for line in lines if (m := STAMP.match(line))][-1]
+        jobs.append({"job": str(log.relative_to(repo / "logs").with_suffix("")), "waited_from": wait, "gpu_from": slot,
+                     "last_log_line": last})
+    return sorted(jobs, key=lambda j: j["gpu_from"])
+
+
+def benchmark_seconds(repo: Path) -> dict:
+    folder = repo / "results" / "benchmarks"
+    out = {}
+    for tsv in sorted(folder.rglob("*.tsv")):
+        rows = tsv.read_text().splitlines()
+        if len(rows) >= 2:
+            out[str(tsv.relative_to(folder).with_suffix(""))] = round(float(rows[-1].split("\t")[0]), 1)
+    return out
+
+
+def acceptance_files(repo: Path, cpu_record: Path | None) -> dict:
+    out = {}
+    cpu = read(cpu_record) if cpu_record else None
+    for path in sorted((repo / "results" / "eval").rglob("*.json")):
+        if path.name.endswith("provenance.json"):
+            continue
+        data = json.loads(path.read_text())
+        for set_name, block in (data.get("sets") or {}).items():
+            for draft, d in (block.get("drafts") or {}).items():
+                entry = {
+                    "file": str(path.relative_to(repo)), "prompts": block.get("prompts"),
+                    "mean_acceptance_length": round(d["mean_acceptance_length"], 4),
+                    "bootstrap_95": (d.get("spread") or {}).get("bootstrap_95"),
+                    "acceptance_per_position": [round(x, 4) for x in d["acceptance_per_position"]],
+                    "per_prompt_counts": d.get("per_prompt_counts") or ("vllm" if d.get("per_prompt") else None),
+                    "lossless": data.get("lossless"),
+                }
+                theirs = (((cpu or {}).get("sets") or {}).get(set_name) or {}).get("drafts", {}).get(draft)
+                if theirs and theirs.get("per_prompt") and d.get("per_prompt"):
+                    entry["minus_cpu_record"] = paired_difference(d["per_prompt"], theirs["per_prompt"],
+                                                                  names=("H200 bf16", "CPU record"))
+                out[f"{set_name}/{draft}"] = entry
+    return out
+
+
+def run_facts(folder: Path, cpu_record: Path | None) -> dict:
+    repo = folder / "repo"
+    status = (folder / "status").read_text().splitlines() if (folder / "status").is_file() else []
+    log = (folder / "run.log").read_text(errors="replace") if (folder / "run.log").is_file() else ""
+    done = re.findall(r"(\d+) of (\d+) steps \(\d+%\) done", log)
+    facts = {
+        "status": status,
+        "steps_done": f"{done[-1][0]} of {done[-1][1]}" if done else None,
+        "jobs_finished": sorted(set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log))),
+        "benchmark_seconds": benchmark_seconds(repo),
+        "gpu_jobs": gpu_jobs(repo),
+        "acceptance": acceptance_files(repo, cpu_record),
+    }
+    report = repo / "results" / "preflight" / "report.json"
+    if report.is_file():
+        data = json.loads(report.read_text())
+        facts["preflight"] = {"ok": data["ok"], "failed": data["failed"], "measured": data["measured"],
+                              "checks": data["checks"]}
+    return facts
+
+
+def interval(ci) -> str:
+    return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "none"
+
+
+def markdown(record: dict) -> str:
+    lines = [f"# {record['title']}", "", f"**{record['lead']}**", ""]
+    for run, facts in record["runs"].items():
+        end = facts["status"][-1] if facts["status"] else "no status"
+        lines += [f"## {run}", "", f"Status: `{end}`; steps done: {facts['steps_done']}; jobs finished: "
+                  f"{', '.join(facts['jobs_finished']) or 'none'}.", ""]
+        if facts.get("preflight"):
+            p = facts["preflight"]
+            lines += [f"Preflight: {'all checks passed' if p['ok'] else 'failed: ' + ', '.join(map(str, p['failed']))}.", "",
+                      "| part | check | result | reason |", "|---|---|---|---|"]
+            lines += [f"| {c['part']} | {c['name']} | {c['status']} | {c['reason']} |" for c in p["checks"]]
+            lines += ["", "| measured | value |", "|---|---|"]
+            lines += [f"| {k} | {v} |" for k, v in p["measured"].items()] + [""]
+        if facts["acceptance"]:
+            lines += ["| set / draft | prompts | mean acceptance length | 95% bootstrap | per-prompt counts "
+                      "| minus the CPU record, paired [95%] |",
+                      "|---|---|---|---|---|---|"]
+            for key, a in facts["acceptance"].items():
+                counts = a["per_prompt_counts"]
+                counts = counts if isinstance(counts, str) else (
+                    f"{counts['source']} (same as batched: {counts['same_counts_as_batched']}; "
+                    f"outputs unlike batched: {counts['outputs_unlike_batched']})" if counts else "none")
+                paired = a.get("minus_cpu_record")
+                paired = f"{paired['mean_acceptance_length']:+.4f} {interval(paired['bootstrap_95'])}" if paired else "not paired"
+                lines.append(f"| {key} | {a['prompts']} | {a['mean_acceptance_length']:.4f} | {interval(a['bootstrap_95'])} | "
+                             f"{counts} | {paired} |")
+            lines.append("")
+        lines += ["| job (GPU, in turn) | waited from | GPU from | last draftline log line |", "|---|---|---|---|"]
+        lines += [f"| {j['job']} | {j['waited_from'] or '-'} | {j['gpu_from']} | {j['last_log_line']} |" for j in facts["gpu_jobs"]]
+        lines += ["", "Job seconds (Snakemake's benchmark files; a GPU job's include its wait for the GPU): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in facts["benchmark_seconds"].items()), ""]
+    lines += [f"Commit {record['commit']}; {record['machine']}; {record['versions']}; {record['date']}. "
+              f"Command: `{record['command']}`.", ""]
+    if record.get("note"):
+        lines += [record["note"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("unpacked", type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--date", required=True)
+    parser.add_argument("--title", required=True)
+    parser.add_argument("--lead", required=True, help="the record's one bold line")
+    parser.add_argument("--command", required=True)
+    parser.add_argument("--machine", default="one NVIDIA H200 (the device tool's nvidia-h200), 16 CPU cores")
+    parser.add_argument("--versions", required=True)
+    parser.add_argument("--cpu-record", type=Path)
+    parser.add_argument("--note")
+    args = parser.parse_args()
+    runs = {folder.name: run_facts(folder, args.cpu_record) for folder in sorted(args.unpacked.iterdir()) if (folder / "repo").is_dir()}
+    record = {"title": args.title, "lead": args.lead, "command": args.command, "commit": args.commit, "date": args.date,
+              "machine": args.machine, "versions": args.versions, "cpu_record": str(args.cpu_record) if args.cpu_record else None,
+              "note": args.note, "runs": runs}
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(record))
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()
