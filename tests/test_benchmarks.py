@@ -201,6 +201,38 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
     assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()
 
 
+def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
+    """`session default dspark`: the dspark run is a copy of the default run's folder (results,
+    Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with
+    default's by prompt; its config names the type; without a finished default run it does not start."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "cuda" / "h200_configs").mkdir(parents=True)
+    for f in ("h200_pipeline.sh", "h200_configs/default.yaml", "h200_configs/dspark.yaml"):
+        (repo / "benchmarks" / "cuda" / f).write_text((CUDA / f).read_text())
+    (repo / "draftline").write_text(  # the default run writes its results; a draft run lists what it found
+        "#!/usr/bin/env bash\nif [[ $* == *dspark* ]]; then ls results resources > found.txt; cat results/made_by;"
+        "else mkdir -p results resources/target .snakemake/locks && echo default > results/made_by; fi\n")
+    (repo / "draftline").chmod(0o755)
+    env = {**os.environ, "H200_WORK": str(tmp_path / "w"), "H200_POLL": "0.2", "OUT": str(tmp_path / "out")}
+
+    def call(*args):
+        return subprocess.run(["bash", str(repo / "benchmarks" / "cuda" / "h200_pipeline.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    alone = call("start", "dspark")
+    assert "dspark needs the default run finished first" in alone.stdout
+    assert call("session", "default", "dspark").returncode == 0
+    assert call("wait", "60").returncode == 0
+    work = tmp_path / "w" / "dspark"
+    assert (work / "status").read_text().splitlines()[-1].endswith("rc 0")
+    assert "--configfile=benchmarks/cuda/h200_configs/dspark.yaml" in (work / "status").read_text()
+    found = (work / "repo" / "found.txt").read_text().split()
+    assert "made_by" in found and "target" in found  # default's results and target, in the dspark run's folder
+    assert "default" in (work / "run.log").read_text()
+    assert not (work / "repo" / ".snakemake" / "locks").exists()
+    assert "algorithm: dspark" in (CUDA / "h200_configs" / "dspark.yaml").read_text()
+
+
 def test_compare_acceptance_without_per_prompt_counts_says_so_and_compares_unpaired(tmp_path):
     """An evaluation by a vLLM that keeps no per-request metrics (vLLM 0.26, the H200 host's) has no
     per-prompt counts: the paired comparison refuses it and names --unpaired, which sets its set
