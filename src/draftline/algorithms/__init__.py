@@ -2,6 +2,7 @@
 `--speculator-type` (config `draft.algorithm`, default `eagle3`).
 
 An algorithm says everything that differs between draft kinds, and nothing else:
+- `draft_keys`: the `draft:` settings its config is built from (only they rerun its config);
 - `build_config(...)`: the speculators config (config.json only) a fresh draft starts from;
 - `config_facts(config_json)`: what the other stages check against (aux layers, sizes);
 - `trainer_args(...)`: the Trainer flags beyond the common ones (`draftline.stages.train`);
