@@ -19,6 +19,8 @@ import pytest
 import yaml
 from workflow import AFTER_TRAIN, REPO, SNAKEMAKE, copy_run, planned_jobs, snakemake, write_config
 
+from draftline.stages.train.checkpoints import local_step
+
 # Imported by every Python process of a test run (it is on PYTHONPATH): makes each move of a
 # validated hidden-state file into the staging folder slow, so a kill lands mid-shard.
 SLOW_STAGING = '''
@@ -178,9 +180,11 @@ def test_killed_training_resumes_from_last_epoch_checkpoint(tiny_run, tmp_path):
     old_runs = {p.name for p in runs.iterdir()}
 
     def new_epochs() -> list[Path]:
+        # an epoch whose training_state.json (written last) reads whole: a kill while speculators
+        # writes it leaves a checkpoint training rightly discards
         return sorted(
             (d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
-             if d.name.isdigit() and (d / "training_state.json").exists()),
+             if d.name.isdigit() and local_step(d) is not None),
             key=lambda d: int(d.name),
         )
 
