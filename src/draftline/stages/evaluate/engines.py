@@ -65,25 +65,13 @@ def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_
 
 
 def counted_one_by_one(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
-    """Each prompt in a greedy call of its own, its spec-decode counts the engine's counters'
-    difference around that call, in the shape of vLLM's per-request metrics
-    (evaluate.per_prompt_counts: separate_calls, for a vLLM that keeps none). Batch 1: the set's
-    batched call (timed_generate) stays the timed one and the set's figure."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
-    per_request, token_ids = [], []
-    for prompt in prompts:
-        before = read_counters(llm.get_metrics())
-        (output,) = llm.chat([prompt.messages], params, use_tqdm=False, chat_template=chat_template,
-                             chat_template_kwargs=settings.chat_template_kwargs or None)
-        delta = counter_delta(before, read_counters(llm.get_metrics()))
-        if delta[GENERATION_TOKENS] != len(output.outputs[0].token_ids):
-            raise RuntimeError(f"prompt {prompt.id}: vLLM counted {delta[GENERATION_TOKENS]} generated tokens but returned "
-                               f"{len(output.outputs[0].token_ids)}: its counters do not describe this call")
-        per_request.append(request_metrics(delta, settings.num_speculative_tokens))
-        token_ids.append(list(output.outputs[0].token_ids))
-    return {"per_request": per_request, "token_ids": token_ids}
+    """Each prompt in a greedy call of its own (timed_generate of one prompt), its spec-decode
+    counts the engine's counters' difference around that call, in the shape of vLLM's per-request
+    metrics (evaluate.per_prompt_counts: separate_calls, for a vLLM that keeps none). Batch 1: the
+    set's batched call stays the timed one and the set's figure."""
+    runs = [timed_generate(llm, [prompt], settings, chat_template) for prompt in prompts]
+    return {"per_request": [request_metrics(run["counters"], settings.num_speculative_tokens) for run in runs],
+            "token_ids": [run["token_ids"][0] for run in runs]}
 
 
 def warm_up(llm, prompt: Prompt, chat_template: str | None, template_kwargs: dict | None = None) -> None:

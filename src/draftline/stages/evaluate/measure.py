@@ -81,21 +81,23 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
         run = timed_generate(llm, prompts, settings, chat_template)
         check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, alone.tokenizer)
         numbers = acceptance(run["counters"], k)
-        per_request, counted_apart = run["per_request"], None
+        ids, where = [p.id for p in prompts], f"{name}, {draft} draft"
         if settings.per_prompt_counts == "separate_calls":  # each prompt again, in a call of its own
             # a counting pass: lossless is checked on the batched call (its outputs are compared in
             # separate_calls_agree; a GPU batch may round otherwise than one prompt alone)
             one = counted_one_by_one(llm, prompts, settings, chat_template)
             per_request = one["per_request"]
-        prompts_counted = record.per_prompt([p.id for p in prompts], per_request, k)
-        if settings.per_prompt_counts == "separate_calls":
-            counted_apart = separate_calls_agree(prompts_counted, run, one["token_ids"], f"{name}, {draft} draft")
+            prompts_counted = record.per_prompt(ids, per_request, k)
+            how_counted = {"per_prompt_counts": separate_calls_agree(prompts_counted, run, one["token_ids"], where)}
         else:
-            check_per_prompt(prompts_counted, run["counters"], f"{name}, {draft} draft")
+            per_request = run["per_request"]
+            prompts_counted = record.per_prompt(ids, per_request, k)
+            check_per_prompt(prompts_counted, run["counters"], where)
+            how_counted = {}
         results[name] = {
             **numbers,
             "spread": spread(per_request, seed=settings.seed),
-            **({"per_prompt_counts": counted_apart} if counted_apart else {}),
+            **how_counted,
             "output_tokens_per_s": run["output_tokens_per_s"],
             "speedup": round(run["output_tokens_per_s"] / reference[name]["output_tokens_per_s"], 3),
             "output_tokens": run["output_tokens"],

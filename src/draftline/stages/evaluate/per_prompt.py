@@ -36,6 +36,14 @@ def spread(per_request: list[dict | None], seed: int = 0, count: int = RESAMPLES
     }
 
 
+def as_totals(counters: dict, positions: int) -> dict:
+    """A call's counters in the shape of summed per-prompt rows (record.totals), the per-position
+    counts padded to `positions` (vLLM leaves the later positions out while none reached them)."""
+    per_pos = counters[ACCEPTED_PER_POS]
+    return {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
+            "accepted_per_position": per_pos + [0] * (positions - len(per_pos))}
+
+
 def check_per_prompt(block: dict | None, counters: dict, where: str) -> None:
     """The per-prompt counts must add up to the set's counters: both are vLLM's record of the
     same generate call, and a paired comparison trusts the rows."""
@@ -43,9 +51,7 @@ def check_per_prompt(block: dict | None, counters: dict, where: str) -> None:
         log.warning("%s: vLLM returned no per-request spec-decode metrics for some prompt: no per-prompt counts", where)
         return
     summed = record.totals(block)
-    per_pos = counters[ACCEPTED_PER_POS]
-    expected = {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
-                "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}
+    expected = as_totals(counters, len(summed["accepted_per_position"]))
     if summed != expected:
         raise RuntimeError(
             f"{where}: vLLM's per-request spec-decode metrics sum to {summed}, its counters for the same call to "
@@ -59,9 +65,7 @@ def separate_calls_agree(block: dict, batched: dict, token_ids: list[list[int]],
     and pick another greedy token); the set's figure stays the batched call's."""
     summed = record.totals(block)
     counters = batched["counters"]
-    per_pos = counters[ACCEPTED_PER_POS]
-    same_counts = summed == {"drafts": counters[DRAFTS], "draft_tokens": counters[DRAFT_TOKENS], "accepted": counters[ACCEPTED],
-                             "accepted_per_position": per_pos + [0] * (len(summed["accepted_per_position"]) - len(per_pos))}
+    same_counts = summed == as_totals(counters, len(summed["accepted_per_position"]))
     other_outputs = sum(a != b for a, b in zip(token_ids, batched["token_ids"], strict=True))
     if not same_counts:
         log.warning("%s: the prompts' own calls sum to %s, the batched call's counters are %s (%d of %d outputs differ "
