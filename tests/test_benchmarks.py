@@ -166,24 +166,32 @@ def test_the_regeneration_rate_runs_at_the_8b_recipes_sizes():
     assert preset["preflight"]["prompts"] in got["batches"] and len(got["batches"]) == 2
 
 
-def test_the_h200_session_queue_resumes_what_failed(tmp_path):
-    """h200_pipeline.sh's queue on a stand-in checkout whose `./draftline` fails once: each phase's
-    runs start together, the next phase after them; a second `session` starts again only what
-    failed (Snakemake resumes it), and `wait` copies the summary, acceptance and status into $OUT."""
+def _h200_queue(tmp_path: Path, configs: tuple[str, ...], draftline: str):
+    """h200_pipeline.sh in a stand-in checkout (its h200_configs/RUN.yaml for `configs`) whose
+    `./draftline` is the bash body `draftline`; returns a caller of the script (work, $OUT in tmp_path)."""
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "cuda" / "h200_configs").mkdir(parents=True)
-    for f in ("h200_pipeline.sh", "h200_configs/default.yaml", "h200_configs/preflight.yaml"):
+    for f in ("h200_pipeline.sh", *(f"h200_configs/{c}.yaml" for c in configs)):
         (repo / "benchmarks" / "cuda" / f).write_text((CUDA / f).read_text())
-    (repo / "draftline").write_text(
-        "#!/usr/bin/env bash\necho \"draftline $* lock $DRAFTLINE_GPU_LOCK_DIR\"\n"
-        "mkdir -p results/eval && echo '{}' > results/eval/acceptance.json && echo '# s' > results/summary.md\n"
-        "if [[ $* == *preflight* && ! -f ../failed_once ]]; then touch ../failed_once; exit 3; fi\n")
+    (repo / "draftline").write_text("#!/usr/bin/env bash\n" + draftline)
     (repo / "draftline").chmod(0o755)
     env = {**os.environ, "H200_WORK": str(tmp_path / "w"), "H200_POLL": "0.2", "OUT": str(tmp_path / "out")}
 
     def call(*args):
         return subprocess.run(["bash", str(repo / "benchmarks" / "cuda" / "h200_pipeline.sh"), *args], env=env,
                               capture_output=True, text=True, timeout=120)
+
+    return call
+
+
+def test_the_h200_session_queue_resumes_what_failed(tmp_path):
+    """h200_pipeline.sh's queue on a stand-in checkout whose `./draftline` fails once: each phase's
+    runs start together, the next phase after them; a second `session` starts again only what
+    failed (Snakemake resumes it), and `wait` copies the summary, acceptance and status into $OUT."""
+    call = _h200_queue(tmp_path, ("default", "preflight"),
+                       "echo \"draftline $* lock $DRAFTLINE_GPU_LOCK_DIR\"\n"
+                       "mkdir -p results/eval && echo '{}' > results/eval/acceptance.json && echo '# s' > results/summary.md\n"
+                       "if [[ $* == *preflight* && ! -f ../failed_once ]]; then touch ../failed_once; exit 3; fi\n")
 
     status = tmp_path / "w" / "{}" / "status"
     for attempt in (1, 2):
@@ -205,19 +213,9 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     """`session default dspark`: the dspark run is a copy of the default run's folder (results,
     Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with
     default's by prompt; its config names the type; without a finished default run it does not start."""
-    repo = tmp_path / "repo"
-    (repo / "benchmarks" / "cuda" / "h200_configs").mkdir(parents=True)
-    for f in ("h200_pipeline.sh", "h200_configs/default.yaml", "h200_configs/dspark.yaml"):
-        (repo / "benchmarks" / "cuda" / f).write_text((CUDA / f).read_text())
-    (repo / "draftline").write_text(  # the default run writes its results; a draft run lists what it found
-        "#!/usr/bin/env bash\nif [[ $* == *dspark* ]]; then ls results resources > found.txt; cat results/made_by;"
-        "else mkdir -p results resources/target .snakemake/locks && echo default > results/made_by; fi\n")
-    (repo / "draftline").chmod(0o755)
-    env = {**os.environ, "H200_WORK": str(tmp_path / "w"), "H200_POLL": "0.2", "OUT": str(tmp_path / "out")}
-
-    def call(*args):
-        return subprocess.run(["bash", str(repo / "benchmarks" / "cuda" / "h200_pipeline.sh"), *args], env=env,
-                              capture_output=True, text=True, timeout=120)
+    call = _h200_queue(tmp_path, ("default", "dspark"),  # default writes its results; dspark lists what it found
+                       "if [[ $* == *dspark* ]]; then ls results resources > found.txt; cat results/made_by;"
+                       "else mkdir -p results resources/target .snakemake/locks && echo default > results/made_by; fi\n")
 
     alone = call("start", "dspark")
     assert "dspark needs the default run finished first" in alone.stdout
