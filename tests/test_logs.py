@@ -3,10 +3,13 @@ path that mean nothing is wrong are left out; a real error or warning is kept.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,3 +53,47 @@ def test_a_job_log_leaves_out_the_known_harmless_lines_and_keeps_the_rest(tmp_pa
                  "Tensor 'lm_head.weight' not found in weight_map"]:
         assert kept in text, kept
     assert "lm_head.weight" not in run.stderr  # speculators' loguru lines go to the job's log, not the terminal
+
+
+# a job whose engine runs its core in a process of its own (as every engine on CUDA does, and
+# extraction's on CPU) and cannot start it: no KV cache memory (vllm.cpu_kv_cache_gib 0)
+ENGINE_JOB = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from draftline.runtime.logs import log_to
+    from draftline.runtime.vllm_engine import EngineSettings, target_llm
+
+    if __name__ == "__main__":
+        log_to(sys.argv[1])
+        settings = EngineSettings(max_model_len=256, dtype="float32", enforce_eager=True, threads=1, cpu_kv_cache_gib=0)
+        target_llm(sys.argv[3], settings, in_process=False)
+""")
+
+
+@pytest.mark.dag
+def test_an_engine_process_that_fails_to_start_leaves_its_cause_in_the_job_log(tmp_path, tiny_model):
+    """vLLM's engine core and worker processes log through the job's logging config: the root cause
+    of a failed start is in the job's log (the job's own error only says "See root cause above"),
+    the engine's own lines too, and their known harmless lines are left out there as well."""
+    job, log = tmp_path / "job.py", tmp_path / "job.log"
+    job.write_text(ENGINE_JOB)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # conftest's: a user's, it would win
+    run = subprocess.run([sys.executable, str(job), str(log), str(REPO / "src"), str(tiny_model)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode != 0
+    text = log.read_text()
+    assert "See root cause above" in text  # the job's process: the error that stops the job
+    assert "vllm.v1.engine.core EngineCore failed to start" in text  # the engine core's process
+    assert "No available memory for the cache blocks" in text  # with its cause
+    assert "Explicitly set (0.0/" in text  # the worker's process: the KV cache it was given
+    for harmless in ("Model Runner V2 requires Triton", "Enforce eager set, disabling torch.compile"):
+        assert harmless not in text and harmless not in run.stderr, harmless
+
+
+def test_a_users_own_vllm_logging_wins(monkeypatch):
+    from draftline.runtime.logs import send_vllm_logs_to
+
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "1")  # vLLM's console handler, as the user asked
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    send_vllm_logs_to("job.log")
+    assert "VLLM_LOGGING_CONFIG_PATH" not in os.environ

@@ -94,6 +94,23 @@ def test_the_server_command_and_environment_follow_the_device():
     assert server_env(cuda, ["2", "3"])["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
+
+def test_the_server_keeps_its_own_log_not_the_jobs(monkeypatch):
+    """A job sends vLLM's records to its log through a logging config every vLLM process reads
+    (logs.log_to); the server it starts logs to a file of its own in vLLM's format instead, unless
+    the user gave vLLM a logging config."""
+    from draftline.runtime.logs import VLLM_LOGGING_CONFIG, send_vllm_logs_to
+
+    settings = ServerSettings("/m", (2, 4, 8), EngineSettings(257, "float32", enforce_eager=True, threads=1), cuda=False)
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    send_vllm_logs_to("job.log")  # as log_to does
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == str(VLLM_LOGGING_CONFIG)
+    assert "VLLM_LOGGING_CONFIG_PATH" not in server_env(settings, None)
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", "/users/own.json")
+    assert server_env(settings, None)["VLLM_LOGGING_CONFIG_PATH"] == "/users/own.json"
+
+
 def _parsed(command: list[str]):
     """The server's command line as vLLM's own API server parses it."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

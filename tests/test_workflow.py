@@ -204,3 +204,7 @@ def test_tiny_chain_job_logs_leave_out_repeated_noise(tiny_run):
         for noise in [start for _, start in NOISE] + list(TRAINER_NOISE):
             assert noise not in text, f"{path}: {noise!r}"
     assert re.search(r"\[draftline\] step \d+/\d+ \(epoch \d+/\d+\)", logs[tiny_run / "logs/train.log"])
+    # extraction's engine core runs in a process of its own (as every engine's does on CUDA): its
+    # lines reach the job's log too (logs.send_vllm_logs_to)
+    extraction = [text for path, text in logs.items() if path.parent.name == "hidden_states" and "shard" in path.name]
+    assert extraction and all("vllm.v1.engine.core init engine (profile, create kv cache" in text for text in extraction)

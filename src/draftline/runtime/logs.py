@@ -5,9 +5,18 @@ that mean nothing is wrong (docs/pipeline.md, "Warnings you may see", lists the 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import warnings
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(name)s %(message)s"
+# vLLM's own processes (below: send_vllm_logs_to)
+CONFIGURE_LOGGING = "VLLM_CONFIGURE_LOGGING"  # "0": vLLM adds no console handler of its own
+LOGGING_CONFIG_PATH = "VLLM_LOGGING_CONFIG_PATH"  # a dictConfig file every process reads at `import vllm`
+JOB_LOG = "DRAFTLINE_JOB_LOG"
+VLLM_LOGGING_CONFIG = Path(__file__).with_name("vllm_logging.json")
 
 # (logger, text in the message) of records that are harmless where draftline runs vLLM; a logger
 # names itself and its children ("vllm" is every vLLM module).
@@ -84,9 +93,42 @@ def _speculators_to_logging() -> None:
     logger.add(sink, level="INFO", format="{message}")
 
 
+def job_log_handler() -> logging.Handler:
+    """The handler vllm_logging.json names: this job's log (JOB_LOG) in the job's format, less NOISE;
+    standard error where no job log is set. Runs in each process that imports vLLM."""
+    path = os.environ.get(JOB_LOG)
+    handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(_not_noise)
+    ignore_warning_noise()
+    return handler
+
+
+def send_vllm_logs_to(path: str) -> None:
+    """vLLM's engine core and worker processes (every engine on CUDA; on CPU extraction's and those
+    of several ranks) start without this job's logging: they configure their own from
+    VLLM_LOGGING_CONFIG_PATH when they import vLLM. Pointed at vllm_logging.json, their records (the
+    KV cache size, load and compile times, the root cause of an engine that fails to start) reach
+    the job's log as the job's own do, less NOISE, instead of the terminal. The job's process reads
+    the same config (one handler, the same lines). A user's VLLM_CONFIGURE_LOGGING or
+    VLLM_LOGGING_CONFIG_PATH wins."""
+    if CONFIGURE_LOGGING in os.environ or LOGGING_CONFIG_PATH in os.environ:
+        return
+    os.environ[JOB_LOG] = os.path.abspath(path)
+    os.environ[LOGGING_CONFIG_PATH] = str(VLLM_LOGGING_CONFIG)
+
+
+def is_job_logging(env: dict) -> bool:
+    """Whether `env` sends vLLM's records to a job's log (send_vllm_logs_to): a process that
+    keeps a log of its own (the online server) leaves that out."""
+    return env.get(LOGGING_CONFIG_PATH) == str(VLLM_LOGGING_CONFIG)
+
+
 def log_to(path: str) -> None:
-    """Send logging to `path` and record an uncaught exception there before the job fails."""
-    logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    """Send logging to `path`, vLLM's processes' included, and record an uncaught exception there
+    before the job fails."""
+    logging.basicConfig(filename=path, level=logging.INFO, format=FORMAT)
+    send_vllm_logs_to(path)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_noise)
     ignore_warning_noise()

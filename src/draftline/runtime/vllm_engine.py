@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
 from draftline.planning.config_schema import default, output_changing
+from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,6 @@ class NotEnoughCores(ValueError):
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core runs in the job's process
-CONFIGURE_LOGGING = "VLLM_CONFIGURE_LOGGING"  # "0": vLLM adds no console handler of its own
 # What configure_vllm_cpu set in this process: a later engine (another parallel size) may
 # replace those values; anything else in the environment was set by the user and wins.
 _set_here: dict[str, str] = {}
@@ -332,8 +332,11 @@ def target_llm(
         for key, value in vllm_cuda_env().items():
             os.environ.setdefault(key, value)
     # vLLM's records go to the job's log (less logs.NOISE) as every other library's do, not to the
-    # terminal between Snakemake's lines; a value the user set wins
-    _set_env(CONFIGURE_LOGGING, "0")
+    # terminal between Snakemake's lines: a job's through its logging config (logs.log_to, every
+    # process of the engine), elsewhere by propagating to this process's own handlers; a value the
+    # user set wins
+    if not os.environ.get(LOGGING_CONFIG_PATH):
+        _set_env(CONFIGURE_LOGGING, "0")
     fresh_vllm_envs()
     from vllm import LLM
 

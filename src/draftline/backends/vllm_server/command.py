@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from draftline.backends.vllm_server.settings import ServerSettings
-from draftline.runtime.vllm_engine import BIND, CONFIGURE_LOGGING, users_setting, vllm_cpu_env, vllm_cuda_env
+from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH, is_job_logging
+from draftline.runtime.vllm_engine import BIND, users_setting, vllm_cpu_env, vllm_cuda_env
 
 
 def cli_flags(kwargs: dict) -> list[str]:
@@ -73,8 +74,11 @@ def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
     import draftline
 
     env = dict(os.environ)
-    if not users_setting(CONFIGURE_LOGGING):  # the server logs to its own file, in vLLM's format
+    # the server logs to its own file, in vLLM's format (not through the job's log config)
+    if not users_setting(CONFIGURE_LOGGING):
         env.pop(CONFIGURE_LOGGING, None)
+    if is_job_logging(env):
+        env.pop(LOGGING_CONFIG_PATH)
     src = str(Path(draftline.__file__).resolve().parents[1])  # the CPU connector's module
     env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
     env["PYTHONUNBUFFERED"] = "1"
