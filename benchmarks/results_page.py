@@ -52,6 +52,8 @@ DRAFT_TYPE_RECORDS = {
     "peagle": ("peagle_default_acceptance", None),
     "dflash": ("dflash_default_acceptance", None),
 }
+# why a GPU-only type has no CUDA record either (benchmarks/cuda/README.md)
+NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the H200 test host's, does not serve it (vLLM 0.32 does)"}
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
 
@@ -154,7 +156,7 @@ def draft_type_row(name: str, folder: Path) -> str:
     method = f"`{served['method']}`" + "".join(f" + `{k}`" for k, v in served.items() if v is True)
     if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
         why = ("not measured: vLLM's Model Runner V2, GPU only" if getattr(algorithm, "not_served_on_cpu", None)
-               else "no record yet")
+               else "no record yet") + NOT_ON_THE_GPU_HOST.get(name, "")
         return f"| `{name}` | {method} | {why} | | | |"
     stem, key = DRAFT_TYPE_RECORDS[name]
     record = json.loads((folder / f"{stem}.json").read_text())

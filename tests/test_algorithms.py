@@ -114,6 +114,67 @@ def test_config_is_what_the_model_class_builds_from_the_trainers_arguments(tiny_
     assert ours.speculators_model_type == name
 
 
+
+def _dspark_config(tiny_model, **settings) -> dict:
+    from draftline.algorithms import DraftSettings
+    from draftline.stages.speculator_config import build_speculator_config
+
+    return build_speculator_config(tiny_model, [2, 4, 5], 64, DraftSettings(block_size=4, **settings),
+                                   algorithm="dspark").to_dict()
+
+
+def test_dspark_trains_its_anchor_as_draft_sample_from_anchor_says(tiny_model):
+    """speculators' default (the anchor proposes a token too: block_size proposed tokens), or the
+    anchor as the bonus token (block_size - 1), the way vLLM 0.26 serves every DSpark draft."""
+    default, bonus = _dspark_config(tiny_model), _dspark_config(tiny_model, sample_from_anchor=False)
+    assert (default["sample_from_anchor"], algorithms.proposal_length(default)) == (True, 4)
+    assert (bonus["sample_from_anchor"], algorithms.proposal_length(bonus)) == (False, 3)
+    # the setting is the DSpark config's only: it reruns no other algorithm's config
+    assert "sample_from_anchor" in algorithms.draft_settings({"algorithm": "dspark", "num_layers": 1, "block_size": 4,
+                                                              "num_depths": 8, "sample_from_anchor": False})
+    assert "sample_from_anchor" not in algorithms.draft_settings({"algorithm": "dflash", "num_layers": 1, "block_size": 4,
+                                                                  "num_depths": 8, "sample_from_anchor": False})
+
+
+def _as_vllm_026_reads_drafts(monkeypatch):
+    """vLLM 0.26's speculators reader (the GPU lock's, not installed here), as its
+    transformers_utils/configs/speculators/algos.py is: no dflash2, and `update_dspark` sets
+    `dspark_bonus_anchor = True` whatever the config says (the rest as vLLM 0.32's)."""
+    from vllm.transformers_utils.configs.speculators import algos
+
+    readers = dict(algos.SUPPORTED_SPECULATORS_TYPES)
+    readers.pop("dflash2")
+    dspark_032 = readers["dspark"]
+
+    def dspark_026(config_dict, pre_trained_config):
+        dspark_032(config_dict, pre_trained_config)
+        pre_trained_config.pop("sample_from_anchor", None)
+        pre_trained_config["dspark_bonus_anchor"] = True
+
+    readers["dspark"] = dspark_026
+    monkeypatch.setattr(algos, "SUPPORTED_SPECULATORS_TYPES", readers)
+    monkeypatch.setattr("vllm.transformers_utils.configs.speculators.base.SUPPORTED_SPECULATORS_TYPES", readers)
+    monkeypatch.setattr("vllm.__version__", "0.26.0")
+
+
+def test_a_draft_the_installed_vllm_would_serve_unlike_it_was_trained_stops_before_an_engine_loads(tiny_model, monkeypatch):
+    from draftline.stages.evaluate.engines import check_vllm_serves
+
+    dspark = algorithms.get("dspark")
+    default, bonus = _dspark_config(tiny_model), _dspark_config(tiny_model, sample_from_anchor=False)
+    check_vllm_serves(dspark, default, "d")  # vLLM 0.32 (installed here) reads the setting: either serves as trained
+    check_vllm_serves(dspark, bonus, "d")
+    _as_vllm_026_reads_drafts(monkeypatch)
+    check_vllm_serves(dspark, bonus, "d")
+    with pytest.raises(RuntimeError, match=r"d: vLLM 0.26.0 would serve this dspark draft with sample_from_anchor false .* "
+                                           r"trained with true.*Set draft.sample_from_anchor: false"):
+        check_vllm_serves(dspark, default, "d")
+    dflash2 = {**bonus, "speculators_model_type": "dflash2"}
+    with pytest.raises(RuntimeError, match=r"vLLM 0.26.0 does not serve dflash2 drafts \(its speculators reader knows "
+                                           r"dflash, dspark, eagle3, peagle\).*vllm0.32 GPU lock"):
+        check_vllm_serves(algorithms.get("dflash2"), dflash2, "d")
+
+
 def _switched_run(tiny_run, tmp_path_factory, name: str, **sections) -> Path:
     """A copy of the finished tiny run with draft.algorithm `name` (and other config sections)."""
     run = copy_run(tiny_run, tmp_path_factory.mktemp(name) / "run")

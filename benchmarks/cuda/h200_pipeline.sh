@@ -10,9 +10,10 @@
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 # RUN: default (the quick start's whole DAG to results/summary.md), preflight (every part), online
 # (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
-# extraction_vllm, regeneration), dspark and dflash2 (a copy of the finished default run with that
-# draft type: only the draft's jobs run, so its acceptance pairs with default's EAGLE-3 by prompt;
-# a phase after default's, e.g. `session default dspark+dflash2`). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
+# extraction_vllm, regeneration), dspark (a copy of the finished default run with that draft type:
+# only the draft's jobs run, so its acceptance pairs with default's EAGLE-3 by prompt; a phase after
+# default's, e.g. `session default dspark`; no dflash2: the host's vLLM 0.26 does not serve it,
+# benchmarks/cuda/README.md). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
 # later call's fresh tree does not change a running job, with benchmarks/cuda/h200_configs/RUN.yaml
 # (where there is one) on top of the default config. All runs share one GPU lock folder: their GPU
 # jobs take turns (draftline.runtime.devices.claim_gpus), each engine with the default share.
@@ -41,7 +42,7 @@ run_command() {  # the command of run $1 (in its copy), one word per line
     default) printf '%s\n' "${smk[@]}" ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
-    dspark|dflash2) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
+    dspark) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
     # shellcheck disable=SC2086  # RATES_ARGS: several words
     rates) printf '%s\n' ./draftline python benchmarks/cuda/bench_cuda.py --out "$dir/out" --work "$dir/work" \
              --stages "$RATE_STAGES" $RATES_ARGS ;;
@@ -63,7 +64,7 @@ state() {  # running, done, failed or new
 start_run() {
   local run=$1 dir=$W/$1 cmd
   mapfile -t cmd < <(run_command "$run") || true
-  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates, dspark, dflash2)"; return 2; }
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates, dspark)"; return 2; }
   [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
   mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
   # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
@@ -71,7 +72,7 @@ start_run() {
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
-  case $run in dspark|dflash2) draft_run_from_default "$run" || return 2 ;; esac
+  [[ $run == dspark ]] && { draft_run_from_default "$run" || return 2; }
   (
     cd "$dir/repo" || exit 1
     echo "start $(date -u +%FT%TZ) ${cmd[*]}" >> "$dir/status"

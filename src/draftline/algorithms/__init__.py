@@ -9,7 +9,9 @@ An algorithm says everything that differs between draft kinds, and nothing else:
 - `expected_tensors(facts)`: the tensors a checkpoint must hold, with their shapes;
 - `model_class()`: the speculators model class (the untrained baseline is built from it the way
   the Trainer builds a fresh draft);
-- `speculative_config(checkpoint, k)`: how vLLM serves it.
+- `speculative_config(checkpoint, k)`: how vLLM serves it;
+- `serving_problem(config_json, served)`: how the installed vLLM would serve it unlike it was
+  trained, from the model config vLLM's own speculators reader makes of it (None: as trained).
 
 To add one: write `draftline/algorithms/<name>.py` with a module-level `ALGORITHM` object, add
 one line to `ALGORITHMS` below and the name to `draft.algorithm`'s enum in the config schema.
@@ -64,6 +66,7 @@ class DraftSettings:
     ttt_steps: int = default("train", "ttt_steps")  # positions trained per step, vLLM's default k
     block_size: int = default("draft", "block_size")  # dflash: tokens proposed per forward pass
     num_depths: int = default("draft", "num_depths")  # peagle: parallel depths trained
+    sample_from_anchor: bool | None = default("draft", "sample_from_anchor")  # dspark: the anchor proposes too
 
     @classmethod
     def from_config(cls, block: dict, **more) -> DraftSettings:
@@ -88,6 +91,8 @@ class DraftAlgorithm(Protocol):
     def model_class(self): ...
 
     def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict: ...
+
+    def serving_problem(self, config: dict, served: dict) -> str | None: ...
 
 
 class FusedAuxDraft:
@@ -123,6 +128,11 @@ class FusedAuxDraft:
 
     def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
         return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
+
+    def serving_problem(self, config: dict, served: dict) -> str | None:
+        """How the draft of `config` would be served unlike it was trained, by a vLLM whose
+        speculators reader turns `config` into `served` (the model config it loads); None: as trained."""
+        return None
 
 
 def get(name: str) -> DraftAlgorithm:

@@ -20,7 +20,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
     extra = {}
     if draft is not None:
         config = Path(draft) / "config.json"
-        algorithm = algorithms.of_config(json.loads(config.read_text()), str(config))
+        config_json = json.loads(config.read_text())
+        algorithm = algorithms.of_config(config_json, str(config))
+        check_vllm_serves(algorithm, config_json, draft)
         if algorithm.not_served_on_cpu and not has_cuda():
             raise RuntimeError(f"{draft}: a {algorithm.name} draft cannot be evaluated on this machine: "
                                f"{algorithm.not_served_on_cpu}. Evaluate it on a GPU (docs/cluster.md).")
@@ -31,6 +33,30 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
             extra["per_request_spec_decode_metrics"] = "summary"
     # the spec-decode counters are only kept with stats on
     return target_llm(target_dir, settings, disable_log_stats=False, **extra)
+
+
+def check_vllm_serves(algorithm, config: dict, draft: str | Path) -> None:
+    """Before an engine loads: the installed vLLM's own speculators reader (what vLLM runs on the
+    draft's config.json when it loads it) knows the draft's type, and serves it as it was trained
+    (`algorithm.serving_problem`). vLLM 0.26 knows no dflash2, and serves a DSpark draft with its
+    anchor as the bonus token whatever the config says."""
+    import copy
+
+    import vllm
+    from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    kind = config.get("speculators_model_type")
+    if kind not in SUPPORTED_SPECULATORS_TYPES:
+        raise RuntimeError(
+            f"{draft}: vLLM {vllm.__version__} does not serve {kind} drafts (its speculators reader knows "
+            f"{', '.join(sorted(SUPPORTED_SPECULATORS_TYPES))}): evaluate and serve it with a vLLM that does "
+            "(dflash2: vLLM 0.32, the vllm0.32 GPU lock, requirements/README.md), or train another draft.algorithm"
+        )
+    served = SpeculatorsConfig.extract_transformers_pre_trained_config(copy.deepcopy(config))
+    problem = algorithm.serving_problem(config, served)
+    if problem:
+        raise RuntimeError(f"{draft}: vLLM {vllm.__version__} would serve this {algorithm.name} draft {problem}")
 
 
 def timed_generate(llm, prompts: list[Prompt], settings: EvaluateSettings, chat_template: str | None) -> dict:
