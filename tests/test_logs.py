@@ -82,7 +82,7 @@ def test_an_engine_process_that_fails_to_start_leaves_its_cause_in_the_job_log(t
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode != 0
     text = log.read_text()
-    assert "See root cause above" in text  # the job's process: the error that stops the job
+    assert "See root cause above" in text, (run.returncode, run.stderr[-3000:])  # the job's process: the error that stops the job
     assert "vllm.v1.engine.core EngineCore failed to start" in text  # the engine core's process
     assert "No available memory for the cache blocks" in text  # with its cause
     assert "Explicitly set (0.0/" in text  # the worker's process: the KV cache it was given
