@@ -231,6 +231,30 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     assert "algorithm: dspark" in (CUDA / "h200_configs" / "dspark.yaml").read_text()
 
 
+def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
+    """On the two-GPU host (issue 38): tp2 runs the pipeline with tensor parallel 2 on a tiny
+    target the queue builds (the embedded one's 9 heads do not split in 2) and trains on both
+    GPUs; ddp is default's run with its draft trained on both GPUs (default's config); tp2-states
+    waits for tp2 and compares its rows' states split and whole."""
+    call = _h200_queue(tmp_path, ("default", "tp2"),
+                       "if [[ $* == *testing.tiny_model* ]]; then mkdir -p \"${@: -1}\"; exit 0; fi\n"
+                       "mkdir -p results resources/target; echo \"$*\" > last_command\n")
+    assert "tp2-states needs the tp2 run finished first" in call("start", "tp2-states").stdout
+    assert call("session", "default+tp2", "ddp+tp2-states").returncode == 0
+    assert call("wait", "60").returncode == 0
+    work = tmp_path / "w"
+    for run in ("default", "tp2", "ddp", "tp2-states"):
+        assert (work / run / "status").read_text().splitlines()[-1].endswith("rc 0"), run
+    tp2 = (work / "tp2" / "status").read_text()
+    assert "--configfile=benchmarks/cuda/h200_configs/tp2.yaml --set-resources train:gpu=2" in tp2
+    assert (work / "tp2" / "repo" / "resources" / "tiny-target").is_dir()
+    assert "--configfile=benchmarks/cuda/h200_configs/default.yaml --set-resources train:gpu=2" in (work / "ddp" / "status").read_text()
+    states = (work / "tp2-states" / "status").read_text()
+    assert f"benchmarks/cuda/tp_states.py {work}/tp2/repo --tensor-parallel-size 2" in states
+    config = yaml.safe_load((CUDA / "h200_configs" / "tp2.yaml").read_text())
+    assert config["target"] == {"model": "resources/tiny-target", "tensor_parallel_size": 2}
+
+
 def test_compare_acceptance_without_per_prompt_counts_says_so_and_compares_unpaired(tmp_path):
     """An evaluation by a vLLM that keeps no per-request metrics (vLLM 0.26, the H200 host's) has no
     per-prompt counts: the paired comparison refuses it and names --unpaired, which sets its set
@@ -424,3 +448,58 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
     assert entry["minus_cpu_record"] == expected and expected["mean_acceptance_length"] > 0
     page = out.with_suffix(".md").read_text()
     assert "| test/untrained | " in page and "| evaluate/untrained_draft | 2026-12-05 05:51:22 | 2026-12-05 05:57:48 |" in page
+
+
+# ---------------------------------------------------------------- tensor parallel states (issue 38)
+
+
+def _tp_states():
+    sys.path.insert(0, str(CUDA))
+    try:
+        import tp_states
+    finally:
+        sys.path.remove(str(CUDA))
+    return tp_states
+
+
+def test_tp_states_fails_a_layer_returned_twice_or_a_ranks_share(tmp_path):
+    """The failure classes of split extraction: every hook returning one layer, or only rank 0's
+    share of the hidden size; and a difference over the bar."""
+    import torch
+    from safetensors.torch import save_file
+
+    from draftline.artifacts import hidden_states as hsf
+
+    tp_states = _tp_states()
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole.mkdir()
+    split.mkdir()
+    states = torch.randn(3, 5, 3, 8)  # rows, positions, layers, hidden
+    ok, one_layer, share = states[0].clone(), states[1].clone(), states[2][:, :, :4].contiguous()
+    one_layer[:, 2] = one_layer[:, 1]
+    for i, (a, b) in enumerate([(states[0], ok), (states[1], one_layer), (states[2], share)]):
+        save_file({"hidden_states": a.contiguous()}, str(whole / hsf.file_name(i)))
+        save_file({"hidden_states": b.contiguous()}, str(split / hsf.file_name(i)))
+    result = tp_states.compare(whole, split, 3)
+    assert not result["passed"] and result["tokens"] == 10
+    assert "row 1: split layer index 2 equals the one before it" in result["problems"]
+    assert "row 2: split states [5, 3, 4], whole [5, 3, 8] (a rank's share?)" in result["problems"]
+    assert any(p.startswith("layer index 2: relative difference") for p in result["problems"])  # row 1's copy
+    save_file({"hidden_states": states[1].contiguous()}, str(split / hsf.file_name(1)))
+    assert tp_states.compare(whole, split, 2)["passed"]
+
+
+@pytest.mark.dag
+def test_tp_states_extracts_a_runs_rows_split_and_whole_and_finds_them_equal(tiny_run, tmp_path):
+    """benchmarks/cuda/tp_states.py on a finished run: the pipeline's extraction with 2 vLLM ranks
+    (CPU workers here, GPUs on the x2 host) against 1, every captured layer compared."""
+    out = tmp_path / "tp2_states"
+    run = _python(str(CUDA / "tp_states.py"), str(tiny_run), "--tensor-parallel-size", "2", "--rows", "3",
+                  "--command", "tp_states test", "--out", str(out), timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["passed"] and record["rows"] == 3 and record["tensor_parallel_size"] == 2
+    assert len(record["layers"]) == len(record["layer_ids"]) and record["tokens"] > 3
+    assert max(x["relative_difference"] for x in record["layers"]) < 1e-5  # float32 on CPU: the order of sums only
+    assert "**Passed**: 3 rows" in out.with_suffix(".md").read_text()
+    assert "vllm.v1.engine.core" in (tmp_path / "tp2_states.work" / "tp2.log").read_text()  # the engine's own lines

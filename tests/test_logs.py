@@ -77,7 +77,9 @@ def test_an_engine_process_that_fails_to_start_leaves_its_cause_in_the_job_log(t
     the engine's own lines too, and their known harmless lines are left out there as well."""
     job, log = tmp_path / "job.py", tmp_path / "job.log"
     job.write_text(ENGINE_JOB)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # conftest's: a user's, it would win
+    # none of the VLLM_* this test process may hold (conftest's KV cache size, an in-process engine
+    # a module's fixture started): in the job they would be the user's, and win
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     run = subprocess.run([sys.executable, str(job), str(log), str(REPO / "src"), str(tiny_model)],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode != 0

@@ -13,7 +13,11 @@
 # extraction_vllm, regeneration), dspark (a copy of the finished default run with that draft type:
 # only the draft's jobs run, so its acceptance pairs with default's EAGLE-3 by prompt; a phase after
 # default's, e.g. `session default dspark`; no dflash2: the host's vLLM 0.26 does not serve it,
-# benchmarks/cuda/README.md). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
+# benchmarks/cuda/README.md). On the two-GPU host (issue 38): tp2 (h200_configs/tp2.yaml: vLLM
+# tensor parallel 2 in every vLLM job, training on both GPUs, on a tiny random target: the embedded
+# one's 9 heads do not split in 2), tp2-states (benchmarks/cuda/tp_states.py on tp2's rows: the
+# states split in 2 against one GPU's) and ddp (a copy of the finished default run whose draft is
+# trained on both GPUs). Each runs in its own copy of this checkout, /root/w/RUN/repo, so a
 # later call's fresh tree does not change a running job, with benchmarks/cuda/h200_configs/RUN.yaml
 # (where there is one) on top of the default config. All runs share one GPU lock folder: their GPU
 # jobs take turns (draftline.runtime.devices.claim_gpus), each engine with the default share.
@@ -36,13 +40,18 @@ DEFAULT_PHASES=("default" "rates")
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()
   [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
-  [[ -f "$REPO/benchmarks/cuda/h200_configs/$run.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$run.yaml")
+  local name=$run; [[ $run == ddp ]] && name=default  # ddp: default's run and config, the draft trained again
+  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   case $run in
     default) printf '%s\n' "${smk[@]}" ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
     dspark) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
+    tp2) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;
+    ddp) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;  # default's draft, trained on both GPUs
+    tp2-states) printf '%s\n' ./draftline python benchmarks/cuda/tp_states.py "$W/tp2/repo" --tensor-parallel-size 2 \
+                  --rows 32 --out "$dir/out/results" ;;
     # shellcheck disable=SC2086  # RATES_ARGS: several words
     rates) printf '%s\n' ./draftline python benchmarks/cuda/bench_cuda.py --out "$dir/out" --work "$dir/work" \
              --stages "$RATE_STAGES" $RATES_ARGS ;;
@@ -64,7 +73,7 @@ state() {  # running, done, failed or new
 start_run() {
   local run=$1 dir=$W/$1 cmd
   mapfile -t cmd < <(run_command "$run") || true
-  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates, dspark)"; return 2; }
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates, dspark, tp2, tp2-states, ddp)"; return 2; }
   [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
   mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
   # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
@@ -72,7 +81,13 @@ start_run() {
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
-  [[ $run == dspark ]] && { draft_run_from_default "$run" || return 2; }
+  case $run in
+    dspark|ddp) draft_run_from_default "$run" || return 2 ;;
+    tp2) [[ -d $dir/repo/resources/tiny-target ]] || (cd "$dir/repo" && PYTHONPATH=src ./draftline python -m \
+           draftline.testing.tiny_model resources/tiny-target) || return 2 ;;
+    tp2-states) [[ $(state tp2) == done ]] || { echo "tp2-states needs the tp2 run finished first"; return 2; }
+                mkdir -p "$dir/out" ;;
+  esac
   (
     cd "$dir/repo" || exit 1
     echo "start $(date -u +%FT%TZ) ${cmd[*]}" >> "$dir/status"
