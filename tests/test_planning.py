@@ -270,3 +270,12 @@ def test_the_report_names_the_embedded_target_as_the_summary_does(workdir):
     assert config["target"]["name"] == plan.summary.target == plan.target.name == "SmolLM2-135M-Instruct"
     title = (REPO / "report" / "workflow.rst").read_text().splitlines()
     assert any('{% set target = snakemake.config["target"]["name"] %}' in line for line in title)
+
+
+def test_a_draft_type_vllm_serves_only_on_gpus_is_named_when_planned_for_cpu():
+    from draftline.planning.config_checks import config_notes
+
+    (note,) = config_notes({"draft": {"algorithm": "dspark"}}, "cpu")
+    assert note.startswith("note: draft.algorithm dspark trains here, but vLLM cannot serve it on CPU")
+    assert config_notes({"draft": {"algorithm": "dspark"}}, "cuda") == []
+    assert config_notes({"draft": {"algorithm": "eagle3"}}, "cpu") == []

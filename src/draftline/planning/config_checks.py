@@ -202,3 +202,15 @@ def check_rows_for_shards(rows: int, shards: int, where: str) -> None:
             f"hidden_states.shards = {shards} but {where} has only {rows} conversations, so "
             f"{shards - rows} shard(s) would be empty; set hidden_states.shards to at most {rows}"
         )
+
+
+def config_notes(config: dict, device: str) -> list[str]:
+    """What the plan says before the first job about a config that runs but will stop later: a
+    draft type vLLM serves only on GPUs, planned for CPU, trains here and its evaluation stops."""
+    from draftline import algorithms
+
+    algorithm = algorithms.get(config["draft"]["algorithm"])
+    if device == "cpu" and getattr(algorithm, "not_served_on_cpu", None):
+        return [f"note: draft.algorithm {algorithm.name} trains here, but vLLM cannot serve it on CPU "
+                f"({algorithm.not_served_on_cpu}): the evaluation jobs will stop; evaluate it on a GPU (docs/cluster.md)"]
+    return []
