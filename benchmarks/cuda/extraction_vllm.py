@@ -38,7 +38,7 @@ VARIANTS = ("stage_vllm", "plain_prefill", "stage_transformers")
 GOAL = 0.95
 
 
-def _engine_settings(threads: int):
+def pipeline_engine_settings(threads: int):
     from draftline.runtime.vllm_engine import EngineSettings, enforce_eager_for, has_cuda
 
     # What the plan gives a run that leaves target.dtype and the vllm: block at their defaults:
@@ -66,7 +66,7 @@ def extract_variant_main() -> None:
     t_imp = time.time()
     got = claim_gpus(1)  # what the script does first: before CUDA starts
     t_claim = time.time()
-    engine = _engine_settings(a.threads)
+    engine = pipeline_engine_settings(a.threads)
     out = {"variant": a.variant, "t_main_epoch": t_main, "imports_s": round(t_imp - t_main, 2),
            "claim_gpus_s": round(t_claim - t_imp, 2), "claimed": got, "chunk_rows": a.chunk_rows}
     if a.variant == "plain_prefill":

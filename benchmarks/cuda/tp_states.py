@@ -52,16 +52,18 @@ def extract_main() -> None:
     ap.add_argument("--tp", type=int, required=True)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    from dataclasses import replace
+
+    from extraction_vllm import pipeline_engine_settings
+
     from draftline.runtime.devices import claim_gpus
     from draftline.runtime.logs import log_to
     from draftline.runtime.shards import ShardJob
-    from draftline.runtime.vllm_engine import EngineSettings, enforce_eager_for, has_cuda
     from draftline.stages.hidden_states import ExtractionSettings, extract_shard
 
     log_to(str(a.out) + ".log")
     claim_gpus(a.tp)  # before CUDA starts, as scripts/hidden_states.py
-    engine = EngineSettings(dtype="auto", enforce_eager=enforce_eager_for("auto", has_cuda()), threads=a.threads,
-                            tensor_parallel_size=a.tp)
+    engine = replace(pipeline_engine_settings(a.threads), tensor_parallel_size=a.tp)
     started = time.perf_counter()
     manifest = extract_shard(a.rows_dataset, a.target, a.layer_ids, ShardJob(0, 1, a.out), engine, ExtractionSettings())
     a.result.write_text(json.dumps({"manifest": manifest, "seconds": round(time.perf_counter() - started, 2)}))
