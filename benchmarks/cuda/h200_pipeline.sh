@@ -44,7 +44,10 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   case $run in
-    default) printf '%s\n' "${smk[@]}" ;;
+    # one GPU job at a time, the trained draft's evaluation before the untrained baseline's (a session
+    # cut short keeps the trained draft's sets; the order changes no result)
+    default) printf '%s\n' "${smk[@]}" --resources gpu=1 --prioritize results/eval/sets/test.json \
+               results/eval/sets/validation.json ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
     dspark) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
