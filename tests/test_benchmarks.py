@@ -229,6 +229,9 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     assert "default" in (work / "run.log").read_text()
     assert not (work / "repo" / ".snakemake" / "locks").exists()
     assert "algorithm: dspark" in (CUDA / "h200_configs" / "dspark.yaml").read_text()
+    # paired by prompt with default's EAGLE-3: the same settings but the draft's
+    dspark = yaml.safe_load((CUDA / "h200_configs" / "dspark.yaml").read_text())
+    assert {k: v for k, v in dspark.items() if k != "draft"} == yaml.safe_load((CUDA / "h200_configs" / "default.yaml").read_text())
 
 
 def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
