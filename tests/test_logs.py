@@ -99,3 +99,34 @@ def test_a_users_own_vllm_logging_wins(monkeypatch):
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     send_vllm_logs_to("job.log")
     assert "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+
+
+# a job's process that then starts a plain Python process, as vLLM does on CUDA to inspect the
+# model's architecture (`python -m vllm.model_executor.models.registry`): that process inherits the
+# environment, not the job's sys.path, and configures its logging from VLLM_LOGGING_CONFIG_PATH as
+# vLLM does (vLLM 0.26 at `import vllm`, 0.32 when it starts an engine: `dictConfig` of the file)
+SUBPROCESS_JOB = textwrap.dedent("""
+    import subprocess, sys
+    sys.path.insert(0, sys.argv[2])
+    from draftline.runtime.logs import log_to
+    log_to(sys.argv[1])
+    child = (
+        "import json, logging, logging.config, os;"
+        "logging.config.dictConfig(json.load(open(os.environ['VLLM_LOGGING_CONFIG_PATH'])));"
+        "logging.getLogger('vllm.model_executor.models.registry').warning('inspected')"
+    )
+    sys.exit(subprocess.run([sys.executable, "-c", child]).returncode)
+""")
+
+
+def test_a_process_vllm_starts_with_subprocess_imports_vllm_and_logs_to_the_job(tmp_path):
+    """On CUDA vLLM inspects the target's architecture in a new Python process: with the job's
+    logging config its `import vllm` must find draftline's handler, though draftline is not
+    installed (2026-12-05 on an H100: every engine failed "Model architectures failed to be
+    inspected", its cause "Cannot resolve 'draftline.runtime.logs.job_log_handler'")."""
+    log = tmp_path / "job.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", SUBPROCESS_JOB, str(log), str(REPO / "src")], capture_output=True,
+                         text=True, timeout=180, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "vllm.model_executor.models.registry inspected" in log.read_text()

@@ -11,6 +11,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from draftline.runtime import pythonpath_with_draftline
+
 FORMAT = "%(asctime)s %(name)s %(message)s"
 # vLLM's own processes (below: send_vllm_logs_to)
 CONFIGURE_LOGGING = "VLLM_CONFIGURE_LOGGING"  # "0": vLLM adds no console handler of its own
@@ -116,6 +118,9 @@ def send_vllm_logs_to(path: str) -> None:
         return
     os.environ[JOB_LOG] = os.path.abspath(path)
     os.environ[LOGGING_CONFIG_PATH] = str(VLLM_LOGGING_CONFIG)
+    # the config's handler is draftline's: a process vLLM starts with subprocess (on CUDA the model
+    # registry's inspection, `python -m vllm.model_executor.models.registry`) must import it too
+    os.environ["PYTHONPATH"] = pythonpath_with_draftline(os.environ)
 
 
 def is_job_logging(env: dict) -> bool:

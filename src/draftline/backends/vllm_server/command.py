@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from draftline.backends.vllm_server.settings import ServerSettings
+from draftline.runtime import pythonpath_with_draftline
 from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH, is_job_logging
 from draftline.runtime.vllm_engine import BIND, users_setting, vllm_cpu_env, vllm_cuda_env
 
@@ -71,16 +72,13 @@ def server_command(settings: ServerSettings, port: int, storage_dir: str | Path)
 def server_env(settings: ServerSettings, devices: list[str] | None) -> dict:
     """The server's environment: its GPUs on CUDA; on CPU its KV cache size, thread count and
     core binding (as `engine.configure_vllm_cpu` sets them for an in-process engine)."""
-    import draftline
-
     env = dict(os.environ)
     # the server logs to its own file, in vLLM's format (not through the job's log config)
     if not users_setting(CONFIGURE_LOGGING):
         env.pop(CONFIGURE_LOGGING, None)
     if is_job_logging(env):
         env.pop(LOGGING_CONFIG_PATH)
-    src = str(Path(draftline.__file__).resolve().parents[1])  # the CPU connector's module
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = pythonpath_with_draftline(env)  # the CPU connector's module
     env["PYTHONUNBUFFERED"] = "1"
     if settings.cuda:
         if devices is not None:

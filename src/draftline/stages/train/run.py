@@ -13,6 +13,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from draftline.runtime import pythonpath_with_draftline
 from draftline.stages.train.args import launch_command
 from draftline.stages.train.placement import Placement
 
@@ -27,11 +28,8 @@ TRAINER_NOISE = (
 
 
 def child_env(threads: int, metrics_path: Path, devices: list[str] | None = None) -> dict:
-    import draftline
-
-    src = str(Path(draftline.__file__).resolve().parents[1])
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = pythonpath_with_draftline(env)
     env["DRAFTLINE_TORCH_THREADS"] = str(threads)
     env["OMP_NUM_THREADS"] = str(threads)
     env["DRAFTLINE_METRICS_PATH"] = str(metrics_path)
