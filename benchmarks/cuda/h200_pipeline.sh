@@ -44,10 +44,13 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   case $run in
-    # one GPU job at a time, the trained draft's evaluation before the untrained baseline's (a session
-    # cut short keeps the trained draft's sets; the order changes no result)
-    default) printf '%s\n' "${smk[@]}" --resources gpu=1 --prioritize results/eval/sets/test.json \
-               results/eval/sets/validation.json ;;
+    # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
+    # untrained baseline, the report, the summary), so a session cut short keeps the trained draft's
+    # figures. One call with --prioritize did not keep that order: on 2026-12-05 (h100_pipeline_2026-12-05)
+    # the baseline was the only GPU job ready when extraction ended and held the GPU 286 s before training.
+    # (targets before the options: --resources takes every word after it)
+    default) printf '%s\n' bash -c "$(printf '%q ' "${smk[@]:0:2}" results/eval/sets/test.json \
+               results/eval/sets/validation.json "${smk[@]:2}" --resources gpu=1)&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
     dspark) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
@@ -103,6 +106,8 @@ start_run() {
 draft_run_from_default() {  # the quick start's finished run folder, once: Snakemake then reruns only the draft's jobs
   local run=$1 dir=$W/$1 from=$W/default/repo
   [[ -d $dir/repo/results ]] && return 0  # a run started before resumes in its own folder
+  # no default run on this machine (a session of its own: the two do not fit one): the whole DAG
+  [[ $(state default) == new ]] && { echo "$run: no default run here: its whole DAG"; return 0; }
   [[ $(state default) == done ]] || { echo "$run needs the default run finished first (a phase before it)"; return 2; }
   cp -a "$from/results" "$from/.snakemake" "$dir/repo/" && mkdir -p "$dir/repo/resources" && cp -a "$from/resources/target" "$dir/repo/resources/"
   rm -rf "$dir/repo/.snakemake/locks" "$dir/repo/.snakemake/incomplete"
