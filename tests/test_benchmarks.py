@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -202,6 +203,11 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
         assert [x.split()[-1] for x in lines["preflight"] if x.startswith("end")] == ["3", "0"][:attempt]
         assert len(lines["default"]) == 2  # started once: it ended with rc 0
     assert "phase rates" in (tmp_path / "w" / "session.log").read_text()
+    # default: the trained draft's sets first (a session cut short keeps them), then the whole DAG
+    first, whole = [x.split(" lock ")[0] for x in (tmp_path / "w" / "default" / "run.log").read_text().splitlines()]
+    assert first.startswith("draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
+    assert first.endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
+    assert whole.endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
     assert "--configfile=benchmarks/cuda/h200_configs/preflight.yaml preflight" in lines["preflight"][0]
     assert "--stages matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end" in lines["rates"][0]
     out = tmp_path / "out"
@@ -212,13 +218,24 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
 def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     """`session default dspark`: the dspark run is a copy of the default run's folder (results,
     Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with
-    default's by prompt; its config names the type; without a finished default run it does not start."""
+    default's by prompt; its config names the type. With a default run that did not finish it does
+    not start; with none on the machine (`session dspark`, a session of its own) it runs its whole DAG."""
     call = _h200_queue(tmp_path, ("default", "dspark"),  # default writes its results; dspark lists what it found
                        "if [[ $* == *dspark* ]]; then ls results resources > found.txt; cat results/made_by;"
+                       "elif [[ -f ../fail ]]; then exit 1;"
                        "else mkdir -p results resources/target .snakemake/locks && echo default > results/made_by; fi\n")
 
     alone = call("start", "dspark")
-    assert "dspark needs the default run finished first" in alone.stdout
+    assert "dspark: no default run here: its whole DAG" in alone.stdout
+    assert call("wait", "60").returncode == 0
+    assert not (tmp_path / "w" / "dspark" / "repo" / "results").exists()  # nothing copied: its own DAG
+    shutil.rmtree(tmp_path / "w" / "dspark")
+    (tmp_path / "w" / "default").mkdir(parents=True)
+    (tmp_path / "w" / "default" / "fail").touch()
+    call("start", "default")
+    call("wait", "60")
+    assert "dspark needs the default run finished first" in call("start", "dspark").stdout
+    (tmp_path / "w" / "default" / "fail").unlink()
     assert call("session", "default", "dspark").returncode == 0
     assert call("wait", "60").returncode == 0
     work = tmp_path / "w" / "dspark"
@@ -408,8 +425,9 @@ def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_p
 
 def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_acceptance_with_the_cpu_record(tmp_path):
     """h200_session_record.py on runs as `wait` brings them back, one cut short: each GPU job's wait
-    and slot from its log, each acceptance file's sets paired by prompt with the CPU record, how
-    its per-prompt counts were made, and preflight's verdict."""
+    and slot from its log, what each job logged of its own work (engine starts, rates), each
+    acceptance file's sets paired by prompt with the CPU record, how its per-prompt counts were
+    made, and preflight's verdict."""
     from draftline.artifacts.acceptance import paired_difference
 
     stored = json.loads((BENCH / "results" / "default_acceptance.json").read_text())["acceptance"]
@@ -424,6 +442,7 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
         "2026-12-05 05:51:22,108 draftline.runtime.devices waiting for 1 free GPU(s) among 0 (60 s so far)\n"
         "2026-12-05 05:57:48,160 draftline.runtime.devices local GPU slot: CUDA_VISIBLE_DEVICES=0\n"
         "Loading safetensors checkpoint shards\n"
+        "2026-12-05 05:58:32,001 draftline.stages.evaluate.measure target alone: loaded in 43.8 s\n"
         "2026-12-05 06:00:34,634 draftline.stages.evaluate.measure test, untrained draft: ...\n")
     (run / "repo" / "logs" / "vocab.log").write_text("2026-12-05 05:50:00,000 draftline.stages.vocab done\n")
     (run / "repo" / "results" / "benchmarks" / "evaluate_baseline.tsv").write_text("s\th:m:s\n620.27\t0:10:20\n")
@@ -445,9 +464,10 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
     assert record["gpu_jobs"] == [{"job": "evaluate/untrained_draft", "waited_from": "2026-12-05 05:51:22",
                                    "gpu_from": "2026-12-05 05:57:48", "last_log_line": "2026-12-05 06:00:34"}]
     assert record["benchmark_seconds"] == {"evaluate_baseline": 620.3}
+    assert record["stage_lines"] == {"evaluate/untrained_draft": ["05:58:32 target alone: loaded in 43.8 s"]}
     entry = record["acceptance"]["test/untrained"]
     assert entry["per_prompt_counts"]["source"] == "separate_calls"
-    expected = paired_difference(mine["per_prompt"], cpu["per_prompt"], names=("H200 bf16", "CPU record"))
+    expected = paired_difference(mine["per_prompt"], cpu["per_prompt"], names=("CUDA bf16", "CPU record"))
     assert entry["minus_cpu_record"] == expected and expected["mean_acceptance_length"] > 0
     page = out.with_suffix(".md").read_text()
     assert "| test/untrained | " in page and "| evaluate/untrained_draft | 2026-12-05 05:51:22 | 2026-12-05 05:57:48 |" in page

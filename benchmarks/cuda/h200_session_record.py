@@ -1,4 +1,4 @@
-"""A record of one H200 session's runs (benchmarks/cuda/h200_pipeline.sh), finished or cut short.
+"""A record of one session's runs on the GPU test host (benchmarks/cuda/h200_pipeline.sh), finished or cut short.
 
     python benchmarks/cuda/h200_session_record.py UNPACKED --out benchmarks/cuda/results/NAME \
         --commit COMMIT --date YYYY-MM-DD --note TEXT [--cpu-record benchmarks/results/default_acceptance.json]
@@ -47,6 +47,22 @@ def gpu_jobs(repo: Path) -> list[dict]:
     return sorted(jobs, key=lambda j: j["gpu_from"])
 
 
+# what each stage measured of itself, in its job's log: engine starts, rates, fidelity, training
+STAGE_LINE = re.compile(r"^\S+ (\d\d:\d\d:\d\d),\d+ (draftline\.\S+) (.*(?:loaded in [\d.]+ s|engine ready in|"
+                        r"tok/s|tokens/s|top-1 agreement|answers truncated|trainer finished in|chose epoch|epoch \d+ done).*)")
+
+
+def stage_lines(repo: Path) -> dict:
+    """Each job log's own figures (STAGE_LINE), in the order the jobs logged them."""
+    out = {}
+    for log in sorted((repo / "logs").rglob("*.log")):
+        found = [f"{m[1]} {m[3][:240]}" for line in log.read_text(errors="replace").splitlines()
+                 if (m := STAGE_LINE.match(line))]
+        if found:
+            out[str(log.relative_to(repo / "logs").with_suffix(""))] = found
+    return out
+
+
 def benchmark_seconds(repo: Path) -> dict:
     folder = repo / "results" / "benchmarks"
     out = {}
@@ -77,7 +93,7 @@ def acceptance_files(repo: Path, cpu_record: Path | None) -> dict:
                 theirs = (((cpu or {}).get("sets") or {}).get(set_name) or {}).get("drafts", {}).get(draft)
                 if theirs and theirs.get("per_prompt") and d.get("per_prompt"):
                     entry["minus_cpu_record"] = paired_difference(d["per_prompt"], theirs["per_prompt"],
-                                                                  names=("H200 bf16", "CPU record"))
+                                                                  names=("CUDA bf16", "CPU record"))
                 out[f"{set_name}/{draft}"] = entry
     return out
 
@@ -93,6 +109,7 @@ def run_facts(folder: Path, cpu_record: Path | None) -> dict:
         "jobs_finished": sorted(set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log))),
         "benchmark_seconds": benchmark_seconds(repo),
         "gpu_jobs": gpu_jobs(repo),
+        "stage_lines": stage_lines(repo),
         "acceptance": acceptance_files(repo, cpu_record),
     }
     report = repo / "results" / "preflight" / "report.json"
@@ -138,6 +155,11 @@ def markdown(record: dict) -> str:
         lines += [f"| {j['job']} | {j['waited_from'] or '-'} | {j['gpu_from']} | {j['last_log_line']} |" for j in facts["gpu_jobs"]]
         lines += ["", "Job seconds (Snakemake's benchmark files; a GPU job's include its wait for the GPU): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in facts["benchmark_seconds"].items()), ""]
+        if facts.get("stage_lines"):
+            lines += ["What each job logged of its own work (UTC; its log under logs/):", ""]
+            for job, found in facts["stage_lines"].items():
+                lines += [f"- `{job}`:"] + [f"  - `{x}`" for x in found]
+            lines.append("")
     lines += [f"Commit {record['commit']}; {record['machine']}; {record['versions']}; {record['date']}. "
               f"Command: `{record['command']}`.", ""]
     if record.get("note"):
