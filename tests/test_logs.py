@@ -119,10 +119,10 @@ SUBPROCESS_JOB = textwrap.dedent("""
 """)
 
 
-def test_a_process_vllm_starts_with_subprocess_imports_vllm_and_logs_to_the_job(tmp_path):
+def test_a_process_a_job_starts_reads_the_vllm_logging_config_and_logs_to_the_job(tmp_path):
     """On CUDA vLLM inspects the target's architecture in a new Python process: with the job's
     logging config its `import vllm` must find draftline's handler, though draftline is not
-    installed (2026-12-05 on an H100: every engine failed "Model architectures failed to be
+    installed (2026-12-05 on an H100: the first engine failed "Model architectures failed to be
     inspected", its cause "Cannot resolve 'draftline.runtime.logs.job_log_handler'")."""
     log = tmp_path / "job.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "PYTHONPATH"}
