@@ -437,7 +437,9 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
     (run / "repo" / "results" / "eval").mkdir(parents=True)
     (run / "repo" / "results" / "benchmarks").mkdir(parents=True)
     (run / "status").write_text("start 2026-12-05T05:42:12Z ./draftline snakemake\n")
-    (run / "run.log").write_text("Finished jobid: 18 (Rule: evaluate_baseline)\n16 of 26 steps (62%) done\n")
+    (run / "run.log").write_text("".join(f"{n} of 16 steps ({n * 100 // 16}%) done\n" for n in range(1, 17))  # two calls
+                                 + "Finished jobid: 18 (Rule: evaluate_baseline)\n1 of 10 steps (10%) done\n"
+                                 "3 of 10 steps (30%) done\n")
     (run / "repo" / "logs" / "evaluate" / "untrained_draft.log").write_text(
         "2026-12-05 05:51:22,108 draftline.runtime.devices waiting for 1 free GPU(s) among 0 (60 s so far)\n"
         "2026-12-05 05:57:48,160 draftline.runtime.devices local GPU slot: CUDA_VISIBLE_DEVICES=0\n"
@@ -460,7 +462,7 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
                      "--cpu-record", str(BENCH / "results" / "default_acceptance.json"))
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.with_suffix(".json").read_text())["runs"]["default"]
-    assert record["steps_done"] == "16 of 26" and record["jobs_finished"] == ["evaluate_baseline"]
+    assert record["steps_done"] == ["16 of 16", "3 of 10"] and record["jobs_finished"] == ["evaluate_baseline"]
     assert record["gpu_jobs"] == [{"job": "evaluate/untrained_draft", "waited_from": "2026-12-05 05:51:22",
                                    "gpu_from": "2026-12-05 05:57:48", "last_log_line": "2026-12-05 06:00:34"}]
     assert record["benchmark_seconds"] == {"evaluate_baseline": 620.3}
@@ -470,6 +472,7 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
     expected = paired_difference(mine["per_prompt"], cpu["per_prompt"], names=("CUDA bf16", "CPU record"))
     assert entry["minus_cpu_record"] == expected and expected["mean_acceptance_length"] > 0
     page = out.with_suffix(".md").read_text()
+    assert "steps done (each Snakemake call): 16 of 16, then 3 of 10;" in page
     assert "| test/untrained | " in page and "| evaluate/untrained_draft | 2026-12-05 05:51:22 | 2026-12-05 05:57:48 |" in page
 
 

@@ -271,3 +271,19 @@ def test_summary_counts_the_reasoning_tokens_apart_when_the_answers_think(tmp_pa
             assert "| answer tokens (besides the reasoning) | 80 |" in markdown
         else:
             assert "reasoning" not in markdown
+
+
+def test_the_training_rate_says_what_the_first_steps_took(tmp_path):
+    """On CUDA a short run's first step (torch.compile) took 41 of its 47 step seconds: the summary
+    gives the rate over all steps and the median step's, so the first is not read as the steady rate."""
+    from draftline.stages.summary import build_summary, to_markdown
+
+    final = tmp_path / "results/checkpoint/final"
+    final.mkdir(parents=True)
+    throughput = {"tokens": 187824, "step_seconds": 47.43, "tokens_per_s": 3960.4, "median_step_tokens_per_s": 34001.5}
+    (final / "draftline_provenance.json").write_text(json.dumps(
+        {"epochs": 4, "optimizer": "muon", "device": "cuda", "world_size": 1, "throughput": throughput}))
+    summary = build_summary(tmp_path / "results", run_name="r", target="t", device="cuda", benchmarks=tmp_path / "none")
+    assert summary["training"]["median_step_tokens_per_s"] == 34001.5
+    assert ("muon on cuda x 1, 3,960 tokens/s over all steps, 34,002 at the median step (the rest: start-up and "
+            "compilation steps).") in to_markdown(summary)

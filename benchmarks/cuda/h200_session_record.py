@@ -98,14 +98,26 @@ def acceptance_files(repo: Path, cpu_record: Path | None) -> dict:
     return out
 
 
+def steps_done(log: str) -> list[str]:
+    """Each Snakemake call's last "N of M steps done" (a run may be several calls, one after the
+    other: the default run's are two); a call starts where the count goes back or M changes."""
+    calls: list[tuple[int, int]] = []
+    for n, m in re.findall(r"(\d+) of (\d+) steps \(\d+%\) done", log):
+        n, m = int(n), int(m)
+        if calls and m == calls[-1][1] and n > calls[-1][0]:
+            calls[-1] = (n, m)
+        else:
+            calls.append((n, m))
+    return [f"{n} of {m}" for n, m in calls]
+
+
 def run_facts(folder: Path, cpu_record: Path | None) -> dict:
     repo = folder / "repo"
     status = (folder / "status").read_text().splitlines() if (folder / "status").is_file() else []
     log = (folder / "run.log").read_text(errors="replace") if (folder / "run.log").is_file() else ""
-    done = re.findall(r"(\d+) of (\d+) steps \(\d+%\) done", log)
     facts = {
         "status": status,
-        "steps_done": f"{done[-1][0]} of {done[-1][1]}" if done else None,
+        "steps_done": steps_done(log),
         "jobs_finished": sorted(set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log))),
         "benchmark_seconds": benchmark_seconds(repo),
         "gpu_jobs": gpu_jobs(repo),
@@ -127,8 +139,9 @@ def interval(ci) -> str:
 def markdown(record: dict) -> str:
     lines = [f"# {record['title']}", "", f"**{record['lead']}**", ""]
     for run, facts in record["runs"].items():
-        end = facts["status"][-1] if facts["status"] else "no status"
-        lines += [f"## {run}", "", f"Status: `{end}`; steps done: {facts['steps_done']}; jobs finished: "
+        status = "; ".join(f"`{x.strip()}`" for x in facts["status"]) or "no status"
+        steps = ", then ".join(facts["steps_done"]) or "none"
+        lines += [f"## {run}", "", f"Status: {status}; steps done (each Snakemake call): {steps}; jobs finished: "
                   f"{', '.join(facts['jobs_finished']) or 'none'}.", ""]
         if facts.get("preflight"):
             p = facts["preflight"]

@@ -152,7 +152,9 @@ def _training(provenance: dict, warnings: list[str]) -> dict:
         "chosen_epoch": chosen_epoch(provenance), "epochs": provenance.get("epochs"),
         "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
         "device": provenance.get("device"), "world_size": provenance.get("world_size"),
+        # over every step (start-up and compilation included) and at the median step (steady)
         "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
+        "median_step_tokens_per_s": (provenance.get("throughput") or {}).get("median_step_tokens_per_s"),
         # samples the Trainer skipped without hidden states (online: the server gave none)
         "skipped_samples": provenance.get("skipped_samples"),
         # samples speculators' sampler cut at train.total_seq_len or left out of an epoch

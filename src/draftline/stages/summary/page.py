@@ -34,6 +34,14 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _training_rate(training: dict) -> str:
+    """Tokens/s over every step, and at the median step where known: on a GPU the first steps
+    (start-up, torch.compile) can take most of a short run's step time."""
+    rate = f"{training['tokens_per_s'] or 0:,.0f} tokens/s over all steps"
+    median = training.get("median_step_tokens_per_s")
+    return rate + (f", {median:,.0f} at the median step (the rest: start-up and compilation steps)" if median else "")
+
+
 def to_markdown(summary: dict) -> str:
     lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
     if summary["warnings"]:
@@ -60,7 +68,7 @@ def to_markdown(summary: dict) -> str:
         lines += ["## Training", "",
                   f"Published epoch {training['chosen_epoch']} of {training['epochs']} ({training['reason']}); "
                   f"{training['optimizer']} on {training['device']} x {training['world_size']}, "
-                  f"{training['tokens_per_s'] or 0:.0f} tokens/s.", ""]
+                  + _training_rate(training) + ".", ""]
         skipped = training.get("skipped_samples")
         if skipped is not None:
             lines[-1:-1] = [
