@@ -30,7 +30,7 @@ from draftline import algorithms  # noqa: E402
 PAGE = REPO / "docs" / "results.md"
 GROUPS = [
     ("On CPU: the development machine", "benchmarks/results"),
-    ("On NVIDIA GPUs: H200 machines", "benchmarks/cuda/results"),
+    ("On NVIDIA GPUs: H200s and H100s", "benchmarks/cuda/results"),
 ]
 # Records whose file starts with a table and has no title of its own.
 TITLES = {
