@@ -172,19 +172,27 @@ def _training(provenance: dict, warnings: list[str]) -> dict:
 
 
 def _acceptance_findings(accept: pd.DataFrame, device: str, warnings: list[str], notes: list[str]) -> None:
-    """A note for a speed-up below 1 on the CPU (nothing to act on there); a warning when the
-    trained draft accepts no more than the untrained one on the headline set."""
+    """A speed-up below 1 with the trained draft: a note on the CPU (nothing to act on there), a
+    warning on a GPU (serving with the draft would be slower); a warning when the trained draft
+    accepts no more than the untrained one on the headline set."""
     if accept.empty:
         return
-    if device == "cpu":
-        slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
-        if len(slow):
-            where = ", ".join(f"{row.speedup:.2f} on the {row.set} set" for row in slow.itertuples())
-            notes.append(
-                f"speed-up below 1 with the trained draft ({where}), measured on the CPU: there decoding is "
-                "compute-bound and speculation cannot pay off; acceptance is what carries over to a GPU "
-                "(results/eval/acceptance.json)"
-            )
+    slow = accept[(accept["draft"] == "trained") & (accept["speedup"] < 1)]
+    where = ", ".join(f"{row.speedup:.2f} on the {row.set} set" for row in slow.itertuples())
+    if len(slow) and device == "cpu":
+        notes.append(
+            f"speed-up below 1 with the trained draft ({where}), measured on the CPU: there decoding is "
+            "compute-bound and speculation cannot pay off; acceptance is what carries over to a GPU "
+            "(results/eval/acceptance.json)"
+        )
+    elif len(slow):
+        warnings.append(
+            f"speed-up below 1 with the trained draft ({where}), measured on {device}: served this way, the "
+            "draft makes decoding slower than the target alone. A very small target is bound by kernel "
+            "launches and gains nothing from any draft (the embedded 135M target on an H100: 0.44 on the "
+            "test set, benchmarks/cuda/results/h100_pipeline_whole_dag_2026-12-05.md); on a large target, "
+            "train on more data or epochs, or serve with fewer speculative tokens (results/eval/acceptance.json)"
+        )
     trained = accept[(accept["draft"] == "trained") & accept["headline"]]
     untrained = accept[(accept["draft"] == "untrained") & accept["headline"]]
     if len(trained) and len(untrained) and trained["mean_acceptance_length"].iloc[0] <= untrained["mean_acceptance_length"].iloc[0]:
