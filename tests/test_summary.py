@@ -249,6 +249,12 @@ def test_end_of_run_lines_say_where_the_draft_is_what_it_reached_and_what_to_run
     assert lines[2].startswith(f"next: vllm serve org/target --speculative-config '{{\"method\": \"eagle3\", "
                                f"\"model\": \"{final}\", \"num_speculative_tokens\": 3}}'")
 
+    # the summary's warnings: the first, and how many more, before the command to serve the draft
+    (results / "summary.json").write_text(json.dumps({**summary, "warnings": ["speed-up below 1 (0.44)", "w2"]}))
+    lines = end_of_run_lines(results, "org/target")
+    assert lines[2] == f"warning: speed-up below 1 (0.44) (and 1 more); every warning: {results}/summary.md"
+    assert lines[3].startswith("next: vllm serve org/target") and len(lines) == 4
+
     # a summary of an earlier draft is not this one's headline
     provenance = final / "draftline_provenance.json"
     stamp = (results / "summary.json").stat().st_mtime

@@ -1,5 +1,5 @@
 """What a finished run prints last: where the draft is, the headline set's acceptance from
-summary.json (headline) and the next command (end_of_run_lines)."""
+summary.json (headline), its first warning, and the next command (end_of_run_lines)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def headline(summary: dict) -> str | None:
 
 def end_of_run_lines(results: str | Path, serve_target: str) -> list[str]:
     """What a finished run prints last (rules/common.smk, onsuccess): where the draft is, the
-    headline of results/summary.json when it was written after the draft, and the next command.
+    headline of results/summary.json when it was written after the draft, its first warning, and
+    the next command.
     `serve_target`: the target as vLLM is given it (a hub id or the folder the jobs read)."""
     results = Path(results)
     final = results / "checkpoint/final"
@@ -52,6 +53,10 @@ def end_of_run_lines(results: str | Path, serve_target: str) -> list[str]:
     serving = algorithms.get(method).speculative_config(final, summary.get("num_speculative_tokens"))
     config = json.dumps(serving)
     lines.append(f"{top} ({results}/summary.md)")
+    warnings = summary.get("warnings") or []
+    if warnings:  # read before serving: e.g. a draft slower than the target alone on this GPU
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        lines.append(f"warning: {warnings[0]}{more}; every warning: {results}/summary.md")
     lines.append(f"next: vllm serve {serve_target} --speculative-config '{config}'; the plots: "
                  "./draftline snakemake --report report.html")
     return lines
