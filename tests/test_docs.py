@@ -113,19 +113,24 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
 
     text = (REPO / "docs" / "sizing.md").read_text()
     quoted = [
-        f"`EXTRACTION_FRACTION` {sizing.EXTRACTION_FRACTION:g}",
+        "`EXTRACTION_FRACTION` of the bf16 matmul limit by `hidden_states.backend`: vllm (the default) "
+        "{vllm:g} on one H100".format(**sizing.EXTRACTION_FRACTION),
+        "transformers {transformers:g} on one H200".format(**sizing.EXTRACTION_FRACTION),
         f"`H200_MATMUL_FLOPS`, {sizing.H200_MATMUL_FLOPS / 1e12:g} TFLOP/s",
         f"`TRAIN_TOKENS_PER_S_8B` {sizing.TRAIN_TOKENS_PER_S_8B:,} tokens/s",
-        f"at {sizing.DECODE_FRACTION:g} of the matmul limit",
+        f"`DECODE_FRACTION` {sizing.DECODE_FRACTION:g} of the matmul limit",
         f"`START_S` {sizing.START_S:g} s",
         f"`LOAD_BYTES_PER_S` {sizing.LOAD_BYTES_PER_S / 1e9:g} GB/s",
         "CPU: trained {trained:g}, untrained {untrained:g}".format(**sizing.SPECULATIVE_SPEEDUP["cpu"]),
         "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
         "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),
-        f"0.{round(sizing.GPUS['H100'].decoding * 100)} of the H200's",
+        "; ".join(f"{kind} compute {gpu.compute:g}, decoding {gpu.decoding:g}"
+                  for kind, gpu in sorted(sizing.GPUS.items())),
         "regeneration {regeneration:g},\nextraction {extraction:g}, training {training:g}, evaluation {evaluation:g}".format(
             **sizing.EXPECTED_SHARE),
-        f"`N T / ({sizing.EXTRACTION_FRACTION:g} R / F)`",
+        "f = `EXTRACTION_FRACTION` of\n`hidden_states.backend` ({vllm:g} for vllm, {transformers:g} for "
+        "transformers)".format(**sizing.EXTRACTION_FRACTION),
+        f"`A / ({sizing.DECODE_FRACTION:g} R / (2 P_active)) + U C / ({sizing.EXTRACTION_FRACTION['vllm']:g} R / F)`",
         f"`E N T / ({sizing.TRAIN_TOKENS_PER_S_8B:,} x D_8B / D)`",
     ]
     missing = [q for q in quoted if q not in text]

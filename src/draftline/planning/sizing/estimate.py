@@ -2,21 +2,28 @@
 Plan on a target's Shape (`estimate`), and the rates it uses.
 
 Rates come from measurements where there are some and are scaled by FLOPs per token elsewhere;
-`RATES` says which is which (docs/sizing.md has the table and the formulas):
+each estimate's `basis` says which is which (docs/sizing.md has the table and the formulas):
 
-- extraction, H200: measured 29.5k tokens/s on an 8B-shaped target = 0.54 of the bf16 matmul
-  limit (787.8 TFLOP/s / 14.5 GFLOP per token; benchmarks/cuda/results/h200_8b_extraction_recheck.md);
-  other targets: the same fraction of the same limit with their own FLOPs per token.
+- extraction, by `hidden_states.backend` (EXTRACTION_FRACTION), on an 8B-shaped target: vllm (the
+  default) measured 38.4k tokens/s on one H100 = 0.701 of its bf16 matmul limit (794.5 TFLOP/s /
+  14.5 GFLOP per token; median of 2 rounds, 0.693-0.709; benchmarks/cuda/results/h100_8b_vllm_rates.md);
+  transformers measured 29.5k tokens/s on one H200 = 0.54 of its limit (787.8 TFLOP/s;
+  benchmarks/cuda/results/h200_8b_extraction_recheck.md). Each fraction is applied to the H200's
+  matmul rate, the same chip's (GPUS); other targets: the same fraction with their own FLOPs per token.
 - training, H200: measured 28.1k tokens/s for the 8B target's draft (1 layer, draft vocab 32k,
   8k-token batches, 4 loader workers; benchmarks/cuda/results/h200x2_8b_loader_workers.md); other
   targets: scaled by the draft's linear parameters (its layer, fc and lm_head).
-- regeneration and evaluation, H200: vLLM NOT measured (none on the GPU machine): batched greedy
-  decoding is taken to run at 0.3 of the matmul limit with 2 x active parameters FLOPs per token;
-  transformers' own generate on the 8B shape measured 14.0k tokens/s = 0.25 of it at batch 1024, a
-  lower bound (benchmarks/cuda/results/h200_8b_decode_transformers.md).
-- H100: assumed from the H200 (GPUS): the same compute, 0.70 of its memory bandwidth for decoding.
+- regeneration and evaluation: vLLM's batched greedy decoding (the regenerate stage's own code)
+  measured 16.3k tokens/s on the 8B shape on one H100 at the recipe's batch of 256 = 0.286 of the
+  matmul rate with 2 x active parameters FLOPs per token (one round; 0.205 at batch 128;
+  benchmarks/cuda/results/h100_8b_vllm_rates.md); other targets: the same fraction with their own
+  active parameters. Speculative decoding's speed-up on CUDA is assumed (SPECULATIVE_SPEEDUP).
+- H100 and H200 (GPUS): the same GH100 chip at the same clocks, so the compute-bound rates
+  (extraction, training) carry over from either; decoding, bound by memory bandwidth, was measured
+  on the H100 (3.35 TB/s) and the H200 (4.8 TB/s) is taken at the same rate, a lower bound.
 - regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
-  at the extraction rate: `regenerated_tokens` bounds both by the turns and the context.
+  at the vLLM backend's extraction rate (regeneration runs vLLM whichever backend extracts):
+  `regenerated_tokens` bounds both by the turns and the context.
 - CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
   regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
   the CPU scaled by FLOPs per token the same way.
@@ -33,8 +40,17 @@ from draftline.planning.sizing.shapes import LLAMA_8B, SMOLLM2_135M, Shape
 
 # bf16 8192^3 matmul on one H200, short bursts (h200_8b_extraction_recheck.json)
 H200_MATMUL_FLOPS = 787.8e12
-EXTRACTION_FRACTION = 0.54  # measured: warm extraction / the limit (8B-shaped target)
-DECODE_FRACTION = 0.3  # assumed for vLLM; transformers generate measured 0.25 (batch 1024)
+# Extraction's warm rate over the compute limit (the bf16 matmul rate / FLOPs per token), 8B-shaped
+# target, by hidden_states.backend. vllm: one H100, median of 2 rounds (0.693-0.709;
+# h100_8b_vllm_rates.md); transformers: one H200 (h200_8b_extraction_recheck.md; the H100 run's 0.412
+# came from other rows in a run of its own). Extraction is compute-bound and the H100 and H200 are the
+# same GH100 chip at the same clocks (GPUS), so a fraction measured on either holds on the other's
+# matmul rate.
+EXTRACTION_FRACTION = {"vllm": 0.701, "transformers": 0.54}
+# vLLM's batched greedy decoding (regenerate_shard) over the matmul rate with 2 x active parameters
+# FLOPs per token: measured on one H100, 8B shape, the recipe's batch of 256, one round (0.205 at
+# 128; h100_8b_vllm_rates.md). On an H200, with more memory bandwidth, a lower bound (GPUS).
+DECODE_FRACTION = 0.286
 TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
 DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)  # the draft TRAIN_TOKENS_PER_S_8B was measured with
 LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
@@ -45,8 +61,12 @@ CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # CPU, measured: the embedded default's evaluation, the lowest over its sets, rounded down (trained
 # 0.439-0.535, untrained 0.322; benchmarks/results/default_acceptance.md): on the CPU decoding is
 # compute-bound and the draft's and the verification's work costs more than it saves.
-# CUDA, assumed (no vLLM on the GPU machine): a trained draft no slower than the target alone; an
+# CUDA, assumed for 8B and larger targets: a trained draft no slower than the target alone; an
 # untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
+# vLLM's speculative decoding on CUDA was measured only with the embedded 135M target (one H100:
+# trained 0.438 test / 0.459 validation, untrained 0.530 of the target alone;
+# h100_pipeline_whole_dag_2026-12-05.md), whose decoding is bound by kernel launches, not by reading
+# the weights as an 8B's is: no guide to an 8B target's.
 SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
 
 # What to plan by, beside the bound: each stage's recorded wall time over its bound's, for the
@@ -59,7 +79,9 @@ EXPECTED_SHARE = {"regeneration": 0.17, "extraction": 0.27, "training": 0.1, "ev
 
 @dataclass(frozen=True)
 class Gpu:
-    """A GPU kind's rates as multiples of the H200's, on which the CUDA rates above were measured."""
+    """A GPU kind's rates as multiples of the CUDA rates above, which were measured on an H200
+    (training, the transformers backend's extraction) or an H100 (the vLLM backend's extraction,
+    decoding) and hold on both as `basis` says."""
 
     name: str
     compute: float  # extraction, training: matmul-bound
@@ -67,12 +89,17 @@ class Gpu:
     basis: str
 
 
+# The H100 SXM and the H200 are the same GH100 chip at the same clocks (NVIDIA's data sheets give both
+# 989 TFLOP/s of dense bf16): the compute-bound rates hold on both, whichever was measured on. Decoding
+# reads the weights from memory: the H100's 3.35 TB/s decoded at DECODE_FRACTION; the H200's 4.8 TB/s
+# decodes at least as fast, so the same figure bounds it from below. The H100's 80 GB instead of 141 GB
+# must fit the config's tensor_parallel_size (preflight checks it).
 GPUS = {
-    "H200": Gpu("H200", 1.0, 1.0, "the rates above"),
-    # assumed: the H100 SXM is the same GH100 chip at the same clocks (NVIDIA's data sheets give both
-    # 989 TFLOP/s of dense bf16), with 3.35 TB/s of memory bandwidth against the H200's 4.8 TB/s;
-    # 80 GB instead of 141 GB, which the config's tensor_parallel_size must fit (preflight checks it)
-    "H100": Gpu("H100", 1.0, 3.35 / 4.8, "assumed: the H200's compute, 0.70 of its memory bandwidth for decoding"),
+    "H200": Gpu("H200", 1.0, 1.0, "training and the transformers backend's extraction measured on an H200, the "
+                "vLLM backend's extraction on an H100, the same chip at the same clocks; decoding a lower bound: the "
+                "H100's measured decoding fraction"),
+    "H100": Gpu("H100", 1.0, 1.0, "the vLLM backend's extraction and decoding measured on an H100; training and "
+                "the transformers backend's extraction the H200's, the same chip at the same clocks"),
 }
 
 
@@ -104,6 +131,7 @@ class Plan:
     # prompt and answer share (vllm.max_model_len, else tokenize.max_seq_len; None: max_seq_len)
     user_turns: int | None = None
     context_len: int | None = None
+    hidden_states_backend: str = "vllm"  # hidden_states.backend: its EXTRACTION_FRACTION
 
 
 def regenerated_tokens(plan: Plan) -> tuple[int, int]:
@@ -129,7 +157,9 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     if device == "cuda":
         kind = GPUS[gpu]
         decode = kind.decoding * DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
-        extract = kind.compute * EXTRACTION_FRACTION * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
+        limit = kind.compute * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
+        extract = EXTRACTION_FRACTION[plan.hidden_states_backend] * limit
+        prefill = EXTRACTION_FRACTION["vllm"] * limit  # regeneration runs vLLM whatever extracts
         train = kind.compute * TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
     else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
@@ -138,12 +168,15 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
         train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
+        prefill = extract
     start_regeneration = start_extraction = load_s
     if measured:
         # a job's rate over its GPUs, per GPU (the work below is in one-device seconds)
         per_gpu = measured.get("gpus_per_job") or plan.gpus_per_vllm_job
         decode = measured.get("regeneration_tokens_per_s", decode * per_gpu) / per_gpu
         extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
+        if plan.hidden_states_backend == "vllm" or device == "cpu":
+            prefill = extract
         start_regeneration = measured.get("regeneration_load_seconds", load_s)
         start_extraction = measured.get("extraction_load_seconds", load_s)
     if plan.filesystem_bytes_per_s:
@@ -156,7 +189,7 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
     # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
     # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
     work = {
-        "regeneration": generated / decode + prefilled / extract,  # prefill at the forward's rate
+        "regeneration": generated / decode + prefilled / prefill,  # prefill at the forward's rate
         "extraction": tokens / extract,
         "training": plan.epochs * tokens / train,
         "evaluation": _evaluation_work(plan, decode, SPECULATIVE_SPEEDUP[device if device == "cpu" else "cuda"]),
@@ -195,7 +228,7 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         # each vLLM job's start: imports and the weights' load (the preflight's where it measured one)
         "vllm_start_seconds": max(start_regeneration, start_extraction),
         "vllm_start_measured": bool(measured) and any(f"{k}_load_seconds" in measured for k in ("regeneration", "extraction")),
-        "basis": _basis(device, measured),
+        "basis": _basis(device, measured, plan.hidden_states_backend),
     }
 
 
@@ -210,12 +243,15 @@ def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> fl
                      + headline / (decode * speedup["untrained"]))
 
 
-def _basis(device: str, measured: dict | None) -> str:
+def _basis(device: str, measured: dict | None, backend: str = "vllm") -> str:
     if not measured:
+        extraction = ("the vLLM backend's on an H100" if backend == "vllm" else
+                      "the transformers backend's on an H200")
         return (
-            "H200: extraction and training measured on the 8B shape, scaled by FLOPs per token; "
-            "regeneration and evaluation assumed (0.3 of the matmul rate, not measured; speculative decoding "
-            "assumed no slower than the target alone with a trained draft)"
+            f"CUDA rates measured on the 8B shape, scaled by FLOPs per token: extraction ({extraction}), "
+            "training (an H200), regeneration and evaluation at vLLM's greedy decoding rate (an H100; a lower "
+            "bound on an H200); speculative decoding assumed no slower than the target alone with a trained "
+            "draft, measured on CUDA only with a 135M target"
             if device == "cuda" else
             "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token; evaluation at the "
             "speculative-decoding rates measured on it"

@@ -40,6 +40,7 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         hidden_state_shards=config["hidden_states"]["shards"],
         filesystem_bytes_per_s=(config.get("sizing") or {}).get("filesystem_gb_per_s", 1.0) * 1e9,
         hidden_state_files=config["hidden_states"].get("mode", "offline") == "offline",
+        hidden_states_backend=config["hidden_states"]["backend"],
         user_turns=user_turns,
         context_len=planned_max_model_len(config),
     )

@@ -27,7 +27,7 @@ def table(gpu: str = "H200", tokens: int = 100_000_000, seq_len: int = 2048, new
         est = estimate(shape, plan, gpu=gpu)
         h, r = est["device_hours"], est["rates_tokens_per_s"]
         rows.append(
-            f"| {shape.name} | {gpus} | {h['regeneration']:.1f} ({r['regeneration']:,.0f} tok/s/GPU, assumed) | "
+            f"| {shape.name} | {gpus} | {h['regeneration']:.1f} ({r['regeneration']:,.0f} tok/s/GPU) | "
             f"{h['extraction']:.1f} ({r['extraction']:,.0f} tok/s/GPU) | {h['training']:.1f} "
             f"({r['training']:,.0f} tok/s/GPU) | {h['evaluation']:.2f} | {_bytes(est['hidden_state_bytes'])} "
             f"({est['bytes_per_token']:,} B/token) |"
@@ -116,6 +116,7 @@ def recipes_table(repo: Path) -> str:
 
 def docs_tables(repo: Path) -> str:
     """What docs/sizing.md shows between its `sizing tables` marks (tests/test_docs.py checks it)."""
-    return "\n\n".join([f"On H200s:\n\n{table('H200')}", f"On H100s ({GPUS['H100'].basis}):\n\n{table('H100')}",
+    return "\n\n".join([f"On H200s ({GPUS['H200'].basis}):\n\n{table('H200')}",
+                        f"On H100s ({GPUS['H100'].basis}):\n\n{table('H100')}",
                         f"Recipes:\n\n{recipes_table(repo)}"])
 
