@@ -61,8 +61,9 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert sizing, text[-3000:]
     assert int(sizing.group(1).replace(",", "")) == 865 - held_out
     assert int(sizing.group(2).replace(",", "")) == config["tokenize"]["max_seq_len"]
-    assert "GPU time per stage on H200s: regeneration" in text and "hidden states <=" in text
-    assert "; on H100s total " in text  # beside the H200s, with its basis
+    # the H200s' figures are the H100s' (GPUS: equal rates), printed once for both (gpu_groups)
+    assert "GPU time per stage on H200s and H100s: regeneration" in text and "hidden states <=" in text
+    assert "; on H100s total " not in text
 
     resources = _resources(out.stdout)
     for rule in ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline"):
@@ -108,6 +109,7 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
     it is sized for (prompts.max_samples conversations) and for the shipped prompts, on the target's
     shape (its config.json), the train job's GPUs as the profile sets them."""
     from draftline.planning import sizing
+    from draftline.planning.sizing.estimate import gpu_groups
 
     name = f"config/presets/{preset}.yaml"
     recipe, estimates = sizing.RECIPES[name], sizing.recipe_estimates(REPO, name)
@@ -137,8 +139,13 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
         expected = sizing.describe({**est, "target": "target"})
         assert expected in line, "\n".join((line, expected))
     assert estimates["H200"]["conversations"] == config["prompts"]["max_samples"]
-    h100 = sum(estimates["H100"]["device_hours"].values())
-    assert f"; on H100s total {sizing.line._hours(h100)} (" in sizing_line("resources/prompts/sized.jsonl")
+    # one total per group of GPU kinds alike (gpu_groups): the H200s' group's above, each other group's after it
+    line = sizing_line("resources/prompts/sized.jsonl")
+    for group in gpu_groups():
+        total = sizing.line._hours(sum(estimates[group.kinds[0]]["device_hours"].values()))
+        assert (f"; on {group.label} total {total} ({group.basis})" in line) == ("H200" not in group.kinds), line
+    assert [group.kinds for group in gpu_groups()] == [("H200", "H100")]  # alike: no H100 total
+    assert "; on H100s total " not in line
     assert sizing.recipe_train_gpus(REPO, name) == RECIPES[preset][2]
 
 
@@ -175,6 +182,39 @@ def test_sizing_table_matches_the_measured_8b_rates():
     assert sizing.plan_from_config(config, 100).hidden_states_backend == "vllm"
     config["hidden_states"]["backend"] = "transformers"
     assert sizing.plan_from_config(config, 100).hidden_states_backend == "transformers"
+
+
+def test_gpu_kinds_alike_are_sized_once_and_kinds_apart_each_on_their_own(monkeypatch):
+    """The H200 and the H100 have equal rates (GPUS: the same chip; decoding measured on the H100, a
+    lower bound on the H200): the sizing line and docs/sizing.md print their figures once, for both
+    (gpu_groups). A measurement that tells them apart (here an H100 decoding slower) gives the H100s
+    their own total in the line, with its basis, and their own table and GPU-hours column on the page."""
+    from dataclasses import replace
+
+    from snakemake.utils import validate
+
+    from draftline.planning import sizing
+
+    config: dict = {}
+    validate(config, str(REPO / "config/schema/config.schema.yaml"), set_default=True)
+
+    def line() -> str:
+        return sizing.for_config(config, sizing.SizedTarget("embedded", REPO), "cuda", 1, (1000, None))
+
+    def tables() -> list[str]:
+        page = sizing.docs_tables(REPO)
+        return re.findall(r"^On (.*?) \(", page, re.M) + re.findall(r"GPU-hours \((.*?)\)", page)
+
+    assert "GPU time per stage on H200s and H100s:" in line() and "; on H100s total" not in line()
+    assert tables() == ["H200s and H100s", "H200 or H100"]
+
+    monkeypatch.setitem(sizing.GPUS, "H100", replace(sizing.GPUS["H100"], decoding=0.7))
+    h200, h100 = (sizing.config_estimate(sizing.SMOLLM2_135M, config, 1000, 1, gpu=gpu) for gpu in ("H200", "H100"))
+    assert sum(h100["device_hours"].values()) > sum(h200["device_hours"].values())
+    total = sizing.line._hours(sum(h100["device_hours"].values()))
+    assert "GPU time per stage on H200s:" in line()
+    assert f"; on H100s total {total} ({sizing.GPUS['H100'].basis}); no preflight rates" in line(), line()
+    assert tables() == ["H200s", "H100s", "H200", "H100"]
 
 
 def test_the_plan_sizes_a_config_from_its_sources_or_says_what_it_waits_for(tmp_path, monkeypatch):

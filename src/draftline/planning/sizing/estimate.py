@@ -20,7 +20,8 @@ each estimate's `basis` says which is which (docs/sizing.md has the table and th
   active parameters. Speculative decoding's speed-up on CUDA is assumed (SPECULATIVE_SPEEDUP).
 - H100 and H200 (GPUS): the same GH100 chip at the same clocks, so the compute-bound rates
   (extraction, training) carry over from either; decoding, bound by memory bandwidth, was measured
-  on the H100 (3.35 TB/s) and the H200 (4.8 TB/s) is taken at the same rate, a lower bound.
+  on the H100 (3.35 TB/s) and the H200 (4.8 TB/s) is taken at the same rate, a lower bound. Kinds
+  with equal rates are sized once, together (gpu_groups).
 - regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
   at the vLLM backend's extraction rate (regeneration runs vLLM whichever backend extracts):
   `regenerated_tokens` bounds both by the turns and the context.
@@ -93,14 +94,33 @@ class Gpu:
 # 989 TFLOP/s of dense bf16): the compute-bound rates hold on both, whichever was measured on. Decoding
 # reads the weights from memory: the H100's 3.35 TB/s decoded at DECODE_FRACTION; the H200's 4.8 TB/s
 # decodes at least as fast, so the same figure bounds it from below. The H100's 80 GB instead of 141 GB
-# must fit the config's tensor_parallel_size (preflight checks it).
+# must fit the config's tensor_parallel_size (preflight checks it). Each basis says what was measured on
+# its kind: kinds with equal rates share a table and a line, their bases joined (gpu_groups).
 GPUS = {
-    "H200": Gpu("H200", 1.0, 1.0, "training and the transformers backend's extraction measured on an H200, the "
-                "vLLM backend's extraction on an H100, the same chip at the same clocks; decoding a lower bound: the "
-                "H100's measured decoding fraction"),
-    "H100": Gpu("H100", 1.0, 1.0, "the vLLM backend's extraction and decoding measured on an H100; training and "
-                "the transformers backend's extraction the H200's, the same chip at the same clocks"),
+    "H200": Gpu("H200", 1.0, 1.0, "training and the transformers backend's extraction measured on an H200, "
+                "its decoding bounded from below by the H100's"),
+    "H100": Gpu("H100", 1.0, 1.0, "the vLLM backend's extraction and decoding measured on an H100"),
 }
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    """GPUS' kinds whose rates are equal (gpu_groups): every figure is the same on each, so the sizing
+    prints it once, for all of them."""
+
+    kinds: tuple[str, ...]  # GPUS' keys, in GPUS' order; any of them gives the group's estimate
+    label: str  # "H200s and H100s"
+    basis: str  # the kinds' bases, joined
+
+
+def gpu_groups() -> list[GpuGroup]:
+    """GPUS' kinds grouped by equal rates (compute and decoding), in GPUS' order: docs/sizing.md's tables
+    and the dry run's sizing line print one figure per group, not the same figure once per kind."""
+    alike: dict[tuple[float, float], list[str]] = {}
+    for kind, gpu in GPUS.items():
+        alike.setdefault((gpu.compute, gpu.decoding), []).append(kind)
+    return [GpuGroup(tuple(kinds), " and ".join(f"{k}s" for k in kinds), "; ".join(GPUS[k].basis for k in kinds))
+            for kinds in alike.values()]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.planning.sizing.estimate import EXPECTED_SHARE, GPUS, LOAD_BYTES_PER_S, START_S
+from draftline.planning.sizing.estimate import EXPECTED_SHARE, LOAD_BYTES_PER_S, START_S, gpu_groups
 from draftline.planning.sizing.inputs import config_estimate
 from draftline.planning.sizing.shapes import SMOLLM2_135M, shape_of
 
@@ -48,8 +48,12 @@ def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
         rates = {**rates, "source": source}
     text = describe(config_estimate(shape, config, conversations, train_gpus, device, rates, user_turns))
     if rates is None and device == "cuda":
-        h100 = config_estimate(shape, config, conversations, train_gpus, device, user_turns=user_turns, gpu="H100")
-        text += f"; on H100s total {_hours(sum(h100['device_hours'].values()))} ({GPUS['H100'].basis})"
+        # each other GPU kind's total, where its rates differ (the H200's group is the line's)
+        for group in gpu_groups():
+            if "H200" not in group.kinds:
+                est = config_estimate(shape, config, conversations, train_gpus, device, user_turns=user_turns,
+                                      gpu=group.kinds[0])
+                text += f"; on {group.label} total {_hours(sum(est['device_hours'].values()))} ({group.basis})"
     if rates is None:
         text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
     if shape.experts and device == "cuda":
@@ -76,7 +80,9 @@ def describe(est: dict) -> str:
     stages = ", ".join(
         f"{k} {_hours(v)} ({_hours(est['wall_hours'][k])} wall)" for k, v in est["device_hours"].items() if v
     )
-    kind = f" on {est['gpu']}s" if est["device"] == "cuda" and not est["basis"].startswith("measured") else ""
+    kind = ""
+    if est["device"] == "cuda" and not est["basis"].startswith("measured"):
+        kind = " on " + next(g.label for g in gpu_groups() if est["gpu"] in g.kinds)  # and the kinds alike
     if est["user_turns"] is None:
         turns = "; regeneration: one answer per conversation until the prompts job counts the user turns"
     else:

@@ -1,13 +1,13 @@
-"""docs/sizing.md's tables: per 100 M tokens on each GPU kind (`table`), and the recipes (a preset,
-its target's shape and its Slurm profile) as their own dry runs size them (`recipes_table`);
-`docs_tables` is the page's block of them."""
+"""docs/sizing.md's tables: per 100 M tokens on each group of GPU kinds alike (`table`, gpu_groups), and
+the recipes (a preset, its target's shape and its Slurm profile) as their own dry runs size them
+(`recipes_table`); `docs_tables` is the page's block of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.planning.sizing.estimate import GPUS, Plan, estimate
+from draftline.planning.sizing.estimate import GPUS, Plan, estimate, gpu_groups
 from draftline.planning.sizing.inputs import config_estimate, gpu_overrides, planned_train_gpus, planned_training_rows
 from draftline.planning.sizing.line import _bytes
 from draftline.planning.sizing.shapes import LLAMA_8B, LLAMA_70B, QWEN3_235B, Shape
@@ -70,7 +70,7 @@ def recipe_train_gpus(repo: Path, preset: str) -> int:
 
 def recipe_estimates(repo: Path, preset: str) -> dict[str, dict]:
     """The recipe's estimates as its dry run with its profile computes them (config_estimate):
-    {"H200", "H100": for prompts.max_samples conversations, "shipped": for the shipped prompts}."""
+    {each GPUS kind: for prompts.max_samples conversations, "shipped": for the shipped prompts (H200)}."""
     import os
 
     config, shape, train_gpus = recipe_config(repo, preset), RECIPES[preset].shape, recipe_train_gpus(repo, preset)
@@ -86,13 +86,17 @@ def recipe_estimates(repo: Path, preset: str) -> dict[str, dict]:
 
 
 def recipes_table(repo: Path) -> str:
-    """The recipes' cost on H200s (and H100s) for the data they are sized for (prompts.max_samples
-    single-turn conversations at tokenize.max_seq_len) and for the shipped prompts as they stand,
-    each with its profile's training GPUs: what the dry run prints (tests/test_presets.py checks it)."""
+    """The recipes' cost for the data they are sized for (prompts.max_samples single-turn conversations
+    at tokenize.max_seq_len), one GPU-hours column per group of GPU kinds alike (gpu_groups), and for the
+    shipped prompts as they stand, each with its profile's training GPUs: what the dry run prints
+    (tests/test_presets.py checks it). Training and the shipped prompts' column: on H200s and the kinds alike."""
+    groups = gpu_groups()
+    h200s = " or ".join(next(g.kinds for g in groups if "H200" in g.kinds))
+    hours = " | ".join(f"GPU-hours ({' or '.join(g.kinds)})" for g in groups)
     rows = [
-        "| preset | target | GPUs per vLLM job | data | H200 GPU-hours | H100 GPU-hours | training (H200) | "
-        "hidden states | with the shipped prompts (H200) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| preset | target | GPUs per vLLM job | data | {hours} | training ({h200s}) | "
+        f"hidden states | with the shipped prompts ({h200s}) |",
+        "|---|---|---|---|" + "---|" * len(groups) + "---|---|---|",
     ]
     for preset, recipe in RECIPES.items():
         config, est = recipe_config(repo, preset), recipe_estimates(repo, preset)
@@ -104,9 +108,9 @@ def recipes_table(repo: Path) -> str:
         reading = h200["io_hours"].get("training", 0.0) * train_gpus
         training = (f"{train_gpus} GPU{'s' if train_gpus > 1 else ''} (its profile's): "
                     f"{h200['device_hours']['training']:.1f} GPU-hours, {reading:.1f} of them reading the hidden states")
+        totals = " | ".join(f"{sum(est[g.kinds[0]]['device_hours'].values()):.1f}" for g in groups)
         rows.append(
-            f"| `{preset}` | {recipe.shape.name} | {gpus} | {data} | {sum(h200['device_hours'].values()):.1f} | "
-            f"{sum(est['H100']['device_hours'].values()):.1f} | {training} | "
+            f"| `{preset}` | {recipe.shape.name} | {gpus} | {data} | {totals} | {training} | "
             f"<= {_bytes(h200['hidden_state_bytes'])} | "
             f"{est['shipped']['conversations']:,} conversations: {sum(est['shipped']['device_hours'].values()):.1f} "
             "GPU-hours |"
@@ -115,8 +119,7 @@ def recipes_table(repo: Path) -> str:
 
 
 def docs_tables(repo: Path) -> str:
-    """What docs/sizing.md shows between its `sizing tables` marks (tests/test_docs.py checks it)."""
-    return "\n\n".join([f"On H200s ({GPUS['H200'].basis}):\n\n{table('H200')}",
-                        f"On H100s ({GPUS['H100'].basis}):\n\n{table('H100')}",
+    """What docs/sizing.md shows between its `sizing tables` marks (tests/test_docs.py checks it): one
+    table per group of GPU kinds alike (gpu_groups), then the recipes'."""
+    return "\n\n".join([*(f"On {g.label} ({g.basis}):\n\n{table(g.kinds[0])}" for g in gpu_groups()),
                         f"Recipes:\n\n{recipes_table(repo)}"])
-
