@@ -157,6 +157,34 @@ def test_an_extraction_engine_after_an_in_process_one_runs_its_core_beside_the_p
     assert seen == [False, True]
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_an_extraction_engine_runs_its_core_apart_whatever_the_environment_says(cpu_env, monkeypatch, caplog, cuda):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 passed down by a parent process that ran an in-process engine
+    (or set by the user) made tp_states.py's extraction engine run its core in-process, and the wait
+    for its last files never ended (a CI run hung 600 s): an extraction engine runs its core in a
+    process of its own anyway and says so; another engine keeps the environment's choice."""
+    import vllm
+    import vllm.envs as envs
+
+    seen = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            seen.append(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+
+    monkeypatch.setattr(vllm, "LLM", Engine)
+    monkeypatch.setattr(engine, "has_cuda", lambda: cuda)
+    monkeypatch.setenv(engine.IN_PROCESS, "0")
+    settings = engine.EngineSettings(max_model_len=64, dtype="float32", threads=1)
+    with caplog.at_level("WARNING", logger=engine.__name__):
+        engine.target_llm("/target", settings, in_process=False, extraction=True)
+    assert seen == [True]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment is not used for this engine" in caplog.text
+    monkeypatch.setenv(engine.IN_PROCESS, "0")
+    engine.target_llm("/target", settings)  # regeneration, evaluation: the environment's choice
+    assert seen == [True, False]
+
+
 # A value other than the default for every vllm.* key (the schema decides which of them change outputs).
 CHANGED = {"gpu_memory_utilization": 0.5, "max_num_seqs": 8, "max_model_len": 1024, "enable_expert_parallel": True,
            "quantization": "fp8", "kv_cache_dtype": "fp8", "enforce_eager": True, "cpu_kv_cache_gib": 3,

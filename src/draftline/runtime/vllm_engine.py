@@ -328,6 +328,8 @@ def target_llm(
     `in_process`: on CPU, a one-rank engine's core may run in this process (configure_vllm_cpu);
     `engine_args` (a speculative config, a KV connector, stats) go to `vllm.LLM` as they are."""
     configure_vllm_cpu(settings.threads, settings.cpu_kv_cache_gib, ranks=settings.ranks, in_process=in_process)
+    if not in_process:
+        engine_core_beside_this_process()
     if has_cuda():
         for key, value in vllm_cuda_env().items():
             os.environ.setdefault(key, value)
@@ -341,6 +343,20 @@ def target_llm(
     from vllm import LLM
 
     return LLM(model=str(target_dir), **engine_kwargs(settings, has_cuda(), extraction), **engine_args)
+
+
+def engine_core_beside_this_process() -> None:
+    """For an engine whose KV connector finishes a request's file in the engine core's next step
+    (hidden-state extraction): its core must run in a process of its own. A core in this process
+    takes no step while this process waits for the last chunk's files, which then never come. A
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment, the user's or one passed down by a parent
+    process that ran an in-process engine (seen: benchmarks/cuda/tp_states.py under a pytest worker,
+    hung until its timeout), is replaced for this engine, and said."""
+    if os.environ.get(IN_PROCESS) == "0":
+        if users_setting(IN_PROCESS):
+            log.warning("%s=0 in the environment is not used for this engine: hidden-state extraction needs its "
+                        "engine core in a process of its own (in this one the last files are never written)", IN_PROCESS)
+        os.environ[IN_PROCESS] = _set_here[IN_PROCESS] = "1"
 
 
 def fresh_vllm_envs() -> None:
