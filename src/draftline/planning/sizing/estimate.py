@@ -64,10 +64,9 @@ CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # compute-bound and the draft's and the verification's work costs more than it saves.
 # CUDA, assumed for 8B and larger targets: a trained draft no slower than the target alone; an
 # untrained one, which accepts next to nothing, at 0.8 of it (k small draft steps per verification).
-# vLLM's speculative decoding on CUDA was measured only with the embedded 135M target (one H100:
-# trained 0.438 test / 0.459 validation, untrained 0.530 of the target alone;
-# h100_pipeline_whole_dag_2026-12-05.md), whose decoding is bound by kernel launches, not by reading
-# the weights as an 8B's is: no guide to an 8B target's.
+# vLLM's speculative decoding on CUDA was measured only with the embedded 135M target (one H100,
+# below 1 for both drafts: h100_pipeline_whole_dag_2026-12-05.md), whose decoding is bound by kernel
+# launches, not by reading the weights as an 8B's is: no guide to an 8B target's.
 SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"trained": 1.0, "untrained": 0.8}}
 
 # What to plan by, beside the bound: each stage's recorded wall time over its bound's, for the
@@ -179,7 +178,6 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         decode = kind.decoding * DECODE_FRACTION * H200_MATMUL_FLOPS / (2 * shape.active_linear)
         limit = kind.compute * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
         extract = EXTRACTION_FRACTION[plan.hidden_states_backend] * limit
-        prefill = EXTRACTION_FRACTION["vllm"] * limit  # regeneration runs vLLM whatever extracts
         train = kind.compute * TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
     else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
@@ -188,17 +186,18 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
         train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
         load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
-        prefill = extract
     start_regeneration = start_extraction = load_s
     if measured:
         # a job's rate over its GPUs, per GPU (the work below is in one-device seconds)
         per_gpu = measured.get("gpus_per_job") or plan.gpus_per_vllm_job
         decode = measured.get("regeneration_tokens_per_s", decode * per_gpu) / per_gpu
         extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
-        if plan.hidden_states_backend == "vllm" or device == "cpu":
-            prefill = extract
         start_regeneration = measured.get("regeneration_load_seconds", load_s)
         start_extraction = measured.get("extraction_load_seconds", load_s)
+    # regeneration prefills at vLLM's forward rate: the extraction rate where vLLM extracts (or on the
+    # CPU, one rate for both), else the vLLM backend's fraction of the limit
+    vllm_extracts = device == "cpu" or plan.hidden_states_backend == "vllm"
+    prefill = extract if vllm_extracts else EXTRACTION_FRACTION["vllm"] * limit
     if plan.filesystem_bytes_per_s:
         load_s = START_S + shape.weights_bytes / plan.filesystem_bytes_per_s
         if not measured or "regeneration_load_seconds" not in measured:

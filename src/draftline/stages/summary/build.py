@@ -148,13 +148,14 @@ def _training(provenance: dict, warnings: list[str]) -> dict:
     """What the published draft's training chose and measured; a warning for skipped samples."""
     if not provenance:
         return {}
+    throughput = provenance.get("throughput") or {}
     training = {
         "chosen_epoch": chosen_epoch(provenance), "epochs": provenance.get("epochs"),
         "reason": provenance.get("reason"), "optimizer": provenance.get("optimizer"),
         "device": provenance.get("device"), "world_size": provenance.get("world_size"),
         # over every step (start-up and compilation included) and at the median step (steady)
-        "tokens_per_s": (provenance.get("throughput") or {}).get("tokens_per_s"),
-        "median_step_tokens_per_s": (provenance.get("throughput") or {}).get("median_step_tokens_per_s"),
+        "tokens_per_s": throughput.get("tokens_per_s"),
+        "median_step_tokens_per_s": throughput.get("median_step_tokens_per_s"),
         # samples the Trainer skipped without hidden states (online: the server gave none)
         "skipped_samples": provenance.get("skipped_samples"),
         # samples speculators' sampler cut at train.total_seq_len or left out of an epoch
@@ -189,8 +190,8 @@ def _acceptance_findings(accept: pd.DataFrame, device: str, warnings: list[str],
         warnings.append(
             f"speed-up below 1 with the trained draft ({where}), measured on {device}: served this way, the "
             "draft makes decoding slower than the target alone. A very small target is bound by kernel "
-            "launches and gains nothing from any draft (the embedded 135M target on an H100: 0.44 on the "
-            "test set, benchmarks/cuda/results/h100_pipeline_whole_dag_2026-12-05.md); on a large target, "
+            "launches and gains nothing from any draft (the embedded 135M target on an H100: "
+            "benchmarks/cuda/results/h100_pipeline_whole_dag_2026-12-05.md); on a large target, "
             "train on more data or epochs, or serve with fewer speculative tokens (results/eval/acceptance.json)"
         )
     trained = accept[(accept["draft"] == "trained") & accept["headline"]]
