@@ -35,7 +35,8 @@ POLL=${H200_POLL:-10}  # seconds between looks at the runs
 # bench_cuda.py's rate measurements (its RATE_STAGES) and their sizes; RATES_ARGS overrides the sizes
 RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end
 # 256 rows: four chunks of 64 per call, so the stage's validation of a chunk overlaps the next one's
-# prefill as in a real shard (64 rows, one chunk, measured 0.905 of plain prefill: h100_8b_vllm_rates)
+# prefill as in a real shard (64 rows, one chunk: 0.905 of plain prefill, h100_8b_vllm_rates; 256 rows:
+# 0.939, h100_8b_vllm_rates_256rows)
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 256 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default" "rates")
 

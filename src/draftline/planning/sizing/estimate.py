@@ -5,8 +5,9 @@ Rates come from measurements where there are some and are scaled by FLOPs per to
 each estimate's `basis` says which is which (docs/sizing.md has the table and the formulas):
 
 - extraction, by `hidden_states.backend` (EXTRACTION_FRACTION), on an 8B-shaped target: vllm (the
-  default) measured 38.4k tokens/s on one H100 = 0.701 of its bf16 matmul limit (794.5 TFLOP/s /
-  14.5 GFLOP per token; median of 2 rounds, 0.693-0.709; benchmarks/cuda/results/h100_8b_vllm_rates.md);
+  default) measured 39.8k tokens/s on one H100 = 0.726 of its bf16 matmul limit (796.0 TFLOP/s /
+  14.5 GFLOP per token; median of 3 rounds, 0.725-0.737, 256 rows in four chunks per call;
+  benchmarks/cuda/results/h100_8b_vllm_rates_256rows.md);
   transformers measured 29.5k tokens/s on one H200 = 0.54 of its limit (787.8 TFLOP/s;
   benchmarks/cuda/results/h200_8b_extraction_recheck.md). Each fraction is applied to the H200's
   matmul rate, the same chip's (GPUS); other targets: the same fraction with their own FLOPs per token.
@@ -14,9 +15,9 @@ each estimate's `basis` says which is which (docs/sizing.md has the table and th
   8k-token batches, 4 loader workers; benchmarks/cuda/results/h200x2_8b_loader_workers.md); other
   targets: scaled by the draft's linear parameters (its layer, fc and lm_head).
 - regeneration and evaluation: vLLM's batched greedy decoding (the regenerate stage's own code)
-  measured 16.3k tokens/s on the 8B shape on one H100 at the recipe's batch of 256 = 0.286 of the
-  matmul rate with 2 x active parameters FLOPs per token (one round; 0.205 at batch 128;
-  benchmarks/cuda/results/h100_8b_vllm_rates.md); other targets: the same fraction with their own
+  measured 16.1k tokens/s on the 8B shape on one H100 at the recipe's batch of 256 = 0.283 of the
+  matmul rate with 2 x active parameters FLOPs per token (median of 2 rounds; 0.202 at batch 128;
+  benchmarks/cuda/results/h100_8b_vllm_rates_256rows.md); other targets: the same fraction with their own
   active parameters. Speculative decoding's speed-up on CUDA is assumed (SPECULATIVE_SPEEDUP).
 - H100 and H200 (GPUS): the same GH100 chip at the same clocks, so the compute-bound rates
   (extraction, training) carry over from either; decoding, bound by memory bandwidth, was measured
@@ -42,16 +43,17 @@ from draftline.planning.sizing.shapes import LLAMA_8B, SMOLLM2_135M, Shape
 # bf16 8192^3 matmul on one H200, short bursts (h200_8b_extraction_recheck.json)
 H200_MATMUL_FLOPS = 787.8e12
 # Extraction's warm rate over the compute limit (the bf16 matmul rate / FLOPs per token), 8B-shaped
-# target, by hidden_states.backend. vllm: one H100, median of 2 rounds (0.693-0.709;
-# h100_8b_vllm_rates.md); transformers: one H200 (h200_8b_extraction_recheck.md; the H100 run's 0.412
-# came from other rows in a run of its own). Extraction is compute-bound and the H100 and H200 are the
-# same GH100 chip at the same clocks (GPUS), so a fraction measured on either holds on the other's
-# matmul rate.
-EXTRACTION_FRACTION = {"vllm": 0.701, "transformers": 0.54}
+# target, by hidden_states.backend. vllm: one H100, median of 3 rounds (0.725-0.737; 256 rows, four
+# chunks per call; h100_8b_vllm_rates_256rows.md); transformers: one H200, the warm rate
+# (h200_8b_extraction_recheck.md; the H100 rates run measured 0.504 over whole calls, each first
+# chunk included). Extraction is compute-bound and the H100 and H200 are the same GH100 chip at the
+# same clocks (GPUS), so a fraction measured on either holds on the other's matmul rate.
+EXTRACTION_FRACTION = {"vllm": 0.726, "transformers": 0.54}
 # vLLM's batched greedy decoding (regenerate_shard) over the matmul rate with 2 x active parameters
-# FLOPs per token: measured on one H100, 8B shape, the recipe's batch of 256, one round (0.205 at
-# 128; h100_8b_vllm_rates.md). On an H200, with more memory bandwidth, a lower bound (GPUS).
-DECODE_FRACTION = 0.286
+# FLOPs per token: measured on one H100, 8B shape, the recipe's batch of 256, median of 2 rounds
+# (0.282-0.284; 0.202 at 128; h100_8b_vllm_rates_256rows.md). On an H200, with more memory
+# bandwidth, a lower bound (GPUS).
+DECODE_FRACTION = 0.283
 TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
 DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)  # the draft TRAIN_TOKENS_PER_S_8B was measured with
 LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
