@@ -73,6 +73,11 @@ def test_extraction_files_shapes_dtypes_and_manifest(tiny_model, dataset, extrac
     assert manifest["num_rows"] == NUM_ROWS and manifest["tokens"] == sum(map(len, ids))
     assert manifest["layer_ids"]["extracted"] == layers
     assert manifest["extracted_rows"] == NUM_ROWS and manifest["tokens_per_s"] > 0
+    # where the extraction's seconds went (rows_per_call 4: two chunks, the last one's files apart)
+    phases = manifest["extract_seconds_by_phase"]
+    assert set(phases) == {"prefill", "waiting_for_files", "last_chunk_files"}
+    assert phases["prefill"] > 0 and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(manifest["extract_seconds"], abs=0.1)
     assert manifest["bytes"] == sum(
         (shard / hsf.file_name(i)).stat().st_size for i in range(NUM_ROWS)
     )
@@ -507,3 +512,40 @@ def test_fp8_validation_catches_broken_files(tmp_path):
     for tensors, format, row_ids, message in cases:
         with pytest.raises(hsf.HiddenStateFileError, match=message):
             check(tensors, format, row_ids)
+
+
+def test_extraction_times_say_whether_the_files_or_the_engine_held_it_up(tmp_path):
+    """run_chunks splits its seconds into the engine's calls, the wait for an earlier chunk's files
+    (a finish slower than the next prefill) and the last chunk's files (nothing overlaps them): what
+    a user reads in the manifest when extraction runs below plain prefill."""
+    import time
+
+    from draftline.backends.vllm import run_chunks
+
+    class SlowFiles:  # each engine call 0.05 s, each chunk's files 0.15 s
+        def generate(self, ids):
+            time.sleep(0.05)
+            return ids
+
+        def finish(self, rows, ids, outputs, dest):
+            time.sleep(0.15)
+            return sum(map(len, ids))
+
+    rows = list(range(8))
+    t0 = time.perf_counter()
+    times = run_chunks(SlowFiles(), rows, {r: [1] * (r + 1) for r in rows}, tmp_path, chunk_rows=2)
+    wall = time.perf_counter() - t0
+    assert times.tokens == sum(r + 1 for r in rows)
+    assert times.prefill == pytest.approx(4 * 0.05, abs=0.04)
+    # chunks 2-4 each waited for the one before it: 0.15 s of files less the 0.05 s prefill beside them
+    assert times.waiting_for_files == pytest.approx(3 * 0.10, abs=0.06)
+    assert times.last_chunk_files == pytest.approx(0.15, abs=0.04)
+    assert sum(times.by_phase().values()) == pytest.approx(wall, abs=0.03)
+
+    class FastFiles(SlowFiles):  # files faster than the next prefill: no wait but the last chunk's
+        def finish(self, rows, ids, outputs, dest):
+            time.sleep(0.01)
+            return sum(map(len, ids))
+
+    fast = run_chunks(FastFiles(), rows, {r: [1] for r in rows}, tmp_path, chunk_rows=2)
+    assert fast.waiting_for_files < 0.02 and fast.last_chunk_files == pytest.approx(0.01, abs=0.02)

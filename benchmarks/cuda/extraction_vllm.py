@@ -12,11 +12,14 @@ Three variants, each in a fresh process that starts one engine, as a shard job d
 
 Each process reports its start-up apart from the steady part: for the stages the manifest's
 `load_seconds` (the engine or model load) and `extract_seconds` (the rows: for vllm, generate +
-wait for each file + validate + move, `run_chunks`), the rest of the call (fidelity check,
+wait for each file + validate + move, `run_chunks`; for vllm, by phase: the engine calls, the wait for
+an earlier chunk's files, the last chunk's files), the rest of the call (fidelity check,
 publish) as wall time; for the plain prefill the engine start and the generate calls. The
 rates compared are steady tokens/s (tokens / extract_seconds or the generate calls' seconds);
 tokens / the whole call's wall time is beside them. The paired ratio of a round is
-stage_vllm / plain_prefill of that round. The child process is `bench_cuda.py extract-variant`.
+stage_vllm / plain_prefill of that round; beside it the stage's engine calls alone against plain
+prefill's, which tells the engine's share of a gap (the connector's copies and writes) from the
+files' (validation the next prefill does not hide). The child process is `bench_cuda.py extract-variant`.
 """
 
 from __future__ import annotations
@@ -87,9 +90,11 @@ def _stage(work: Path, target: Path, engine, chunk_rows: int, backend: str) -> d
                       ExtractionSettings(backend=backend, rows_per_call=chunk_rows))
     wall = time.perf_counter() - t0
     shutil.rmtree(dest.parent)  # the next process writes its own; the disk holds one shard at a time
+    phases = m.get("extract_seconds_by_phase") or {}  # vllm: run_chunks' ChunkTimes
     return {"tokens": m["tokens"], "rows": m["num_rows"], "load_s": m["load_seconds"], "steady_s": m["extract_seconds"],
             "call_wall_s": round(wall, 2), "tokens_per_s": m["tokens_per_s"],
-            "tokens_per_wall_s": round(m["tokens"] / wall, 1), "bytes": m["bytes"],
+            "tokens_per_wall_s": round(m["tokens"] / wall, 1), "bytes": m["bytes"], "steady_s_by_phase": phases,
+            **({"prefill_tokens_per_s": round(m["tokens"] / phases["prefill"], 1)} if phases.get("prefill") else {}),
             "fidelity": {k: (m.get("fidelity") or {}).get(k) for k in ("top1_assistant", "min_top1", "rows")}}
 
 
@@ -163,12 +168,18 @@ def _summary(runs: dict[str, list[dict]], order: list[str], errors: list[dict], 
             summary[k] = {f: summarize([x[f] for x in rs]) for f in ("tokens_per_s", "tokens_per_wall_s", "load_s")}
     ratios: dict[str, dict] = {}
     by_round = {k: {x["round"]: x for x in rs} for k, rs in runs.items()}
-    for name, (a, b) in {"stage_vllm / plain_prefill": ("stage_vllm", "plain_prefill"),
-                         "stage_transformers / plain_prefill": ("stage_transformers", "plain_prefill"),
-                         "stage_vllm / stage_transformers": ("stage_vllm", "stage_transformers")}.items():
-        paired = sorted(set(by_round[a]) & set(by_round[b]))
+    # (variant, its rate) / (variant, its rate); the stage's prefill alone: its engine calls' seconds
+    # (the manifest's extract_seconds_by_phase), which plain prefill's steady seconds are made of too
+    for name, (a, fa, b, fb) in {
+        "stage_vllm / plain_prefill": ("stage_vllm", "tokens_per_s", "plain_prefill", "tokens_per_s"),
+        "stage_vllm's prefill alone / plain_prefill": ("stage_vllm", "prefill_tokens_per_s", "plain_prefill",
+                                                        "tokens_per_s"),
+        "stage_transformers / plain_prefill": ("stage_transformers", "tokens_per_s", "plain_prefill", "tokens_per_s"),
+        "stage_vllm / stage_transformers": ("stage_vllm", "tokens_per_s", "stage_transformers", "tokens_per_s"),
+    }.items():
+        paired = sorted(r for r in set(by_round[a]) & set(by_round[b]) if by_round[a][r].get(fa))
         if paired:
-            per = [round(by_round[a][r]["tokens_per_s"] / by_round[b][r]["tokens_per_s"], 3) for r in paired]
+            per = [round(by_round[a][r][fa] / by_round[b][r][fb], 3) for r in paired]
             ratios[name] = {"rounds": paired, **summarize(per)}
     goal = None
     main = ratios.get("stage_vllm / plain_prefill")

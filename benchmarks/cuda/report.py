@@ -145,11 +145,13 @@ def markdown_rates(s: dict) -> list[str]:
                   f"{v['rounds']} rounds of the three variants, each in its own process (one engine each), "
                   f"{v['rows']} rows, {v['tokens']:,} tokens, {v['chunk_rows']} rows per call; order: "
                   f"{', '.join(v['order'])}. Rate: {v['rate']}.", "",
-                  "| variant | round | steady tokens/s | / limit | tokens / call wall s | load s | call wall s "
-                  "| process wall s |", "|---|---|---|---|---|---|---|---|"]
+                  "| variant | round | steady tokens/s | / limit | steady s | of it by phase | tokens / call wall s "
+                  "| load s | call wall s | process wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for k, rs in v["runs"].items():
             for x in rs:
+                phases = ", ".join(f"{p.replace('_', ' ')} {sec}" for p, sec in x.get("steady_s_by_phase", {}).items())
                 lines.append(f"| {k} | {x['round']} | {x['tokens_per_s']:,.0f} | {frac(x['tokens_per_s'])} | "
+                             f"{x.get('steady_s', '-')} | {phases or '-'} | "
                              f"{x['tokens_per_wall_s']:,.0f} | {x['load_s']} | {x['call_wall_s']} | "
                              f"{x.get('process_wall_s')} |")
         lines += ["", "| variant | steady tokens/s min | median | max | median / limit |", "|---|---|---|---|---|"]

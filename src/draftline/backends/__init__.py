@@ -48,6 +48,9 @@ class Extracted:
     tokens: int
     load_seconds: float
     extract_seconds: float
+    # where extract_seconds went, by phase, where the backend tells them apart (the manifest's
+    # extract_seconds_by_phase; vllm: run_chunks' ChunkTimes)
+    seconds_by_phase: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
@@ -74,7 +74,6 @@ class Extractor:
         self.hidden_size = hidden_size
         self.dtype = dtype
         self.format = format
-        self.generate_s = self.files_s = 0.0
 
     def generate(self, token_ids: Sequence[Sequence[int]]):
         from vllm import SamplingParams
@@ -82,15 +81,6 @@ class Extractor:
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids]
         return self.llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
-
-    def extract(self, rows: Sequence[int], token_ids: Sequence[Sequence[int]], dest_dir: Path) -> int:
-        """Extract, wait for each write, validate, move to `dest_dir/hs_<row>`; return tokens."""
-        t0 = time.perf_counter()
-        outputs = self.generate(token_ids)
-        self.generate_s = time.perf_counter() - t0
-        tokens = self.finish(rows, token_ids, outputs, dest_dir)
-        self.files_s = time.perf_counter() - t0 - self.generate_s
-        return tokens
 
     def finish(self, rows, token_ids, outputs, dest_dir: Path) -> int:
         """Wait for each output's file, validate it, move it to `dest_dir/hs_<row>`; return tokens."""
@@ -131,35 +121,63 @@ def _wait_for_write(path: str) -> None:
         os.unlink(lock)
 
 
+@dataclass
+class ChunkTimes:
+    """Where `run_chunks`' seconds went: the engine's calls (`prefill`: the forward over the rows, the
+    connector's copies of their states off the device and its writes as far as the engine waits for
+    them), the wait for an earlier chunk's files while nothing was being prefilled (`waiting_for_files`:
+    the chunk's finish took longer than the next prefill), and the last chunk's files, which no
+    prefill overlaps (`last_chunk_files`). Their sum is the call's time but for the loop itself."""
+
+    tokens: int = 0
+    prefill: float = 0.0
+    waiting_for_files: float = 0.0
+    last_chunk_files: float = 0.0
+
+    def by_phase(self) -> dict[str, float]:
+        return {"prefill": round(self.prefill, 2), "waiting_for_files": round(self.waiting_for_files, 2),
+                "last_chunk_files": round(self.last_chunk_files, 2)}
+
+
 def run_chunks(extractor: Extractor, rows: Sequence[int], ids_by_row, dest_dir: Path,
-               chunk_rows: int = 64) -> int:
-    """Extract `rows` in chunks into `dest_dir`, logging progress; return the token count.
+               chunk_rows: int = 64) -> ChunkTimes:
+    """Extract `rows` in chunks into `dest_dir`, logging progress; return the tokens and the times.
 
     Reading back and validating chunk i overlaps with the engine computing chunk i+1.
     """
-    progress = {"rows": 0, "tokens": 0}
+    times = ChunkTimes()
+    done_rows = 0
     t0 = time.perf_counter()
 
     def finish(chunk, ids, outputs) -> None:
-        progress["tokens"] += extractor.finish(chunk, ids, outputs, dest_dir)
-        progress["rows"] += len(chunk)
+        nonlocal done_rows
+        times.tokens += extractor.finish(chunk, ids, outputs, dest_dir)
+        done_rows += len(chunk)
         elapsed = time.perf_counter() - t0
-        eta = (len(rows) - progress["rows"]) * elapsed / progress["rows"]
-        log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s", progress["rows"], len(rows),
-                 progress["tokens"], progress["tokens"] / elapsed, eta)
+        eta = (len(rows) - done_rows) * elapsed / done_rows
+        log.info("rows %d/%d, %d tokens, %.0f tokens/s, eta %.0f s", done_rows, len(rows),
+                 times.tokens, times.tokens / elapsed, eta)
 
     pending = None
     with ThreadPoolExecutor(max_workers=1) as pool:
         for i in range(0, len(rows), chunk_rows):
             chunk = list(rows[i : i + chunk_rows])
             ids = [ids_by_row[r] for r in chunk]
+            t = time.perf_counter()
             outputs = extractor.generate(ids)
+            times.prefill += time.perf_counter() - t
             if pending is not None:
+                t = time.perf_counter()
                 pending.result()
+                times.waiting_for_files += time.perf_counter() - t
             pending = pool.submit(finish, chunk, ids, outputs)
         if pending is not None:
+            t = time.perf_counter()
             pending.result()
-    return progress["tokens"]
+            times.last_chunk_files = time.perf_counter() - t
+    log.info("extraction's %.1f s: prefill %.1f, waiting for an earlier chunk's files %.1f, the last chunk's "
+             "files %.1f", time.perf_counter() - t0, times.prefill, times.waiting_for_files, times.last_chunk_files)
+    return times
 
 
 class VllmBackend:
@@ -185,12 +203,12 @@ class VllmBackend:
         extractor = Extractor(llm, len(request.extracted), request.hidden_size, settings.dtype, request.format)
         t1 = time.perf_counter()
         try:
-            tokens = run_chunks(extractor, request.rows, request.token_ids, request.dest, request.rows_per_call)
+            times = run_chunks(extractor, request.rows, request.token_ids, request.dest, request.rows_per_call)
             extract_s = time.perf_counter() - t1
         finally:
             shutdown(llm)
         shutil.rmtree(scratch, ignore_errors=True)
-        return Extracted(tokens, load_s, extract_s)
+        return Extracted(times.tokens, load_s, extract_s, times.by_phase())
 
 
 BACKEND = VllmBackend()

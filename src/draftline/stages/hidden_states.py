@@ -213,6 +213,7 @@ def extract_shard(
         "extracted_rows": len(todo), "reused_rows": len(rows) - len(todo),
         "load_seconds": round(done.load_seconds, 2), "extract_seconds": round(done.extract_seconds, 2),
         "tokens_per_s": round(done.tokens / done.extract_seconds, 1) if done.extract_seconds > 0 else None,
+        "extract_seconds_by_phase": done.seconds_by_phase,
         "backend": extraction.backend, "tensor_parallel_size": parallel[0], "pipeline_parallel_size": parallel[1],
         "target": str(target_dir), "staging_key": key, "versions": package_versions(MANIFEST_PACKAGES),
         "fidelity": measured,
