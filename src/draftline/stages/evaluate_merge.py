@@ -35,6 +35,15 @@ def merge(sets: dict[str, str | Path], baseline: str | Path | None, out_json: st
     record into out_json."""
     from draftline.runtime.atomic import atomic_file
 
+    summary = gather(sets, baseline)
+    with atomic_file(out_json, encoding="utf-8") as handle:
+        handle.write(record.dumps(summary))
+    return summary
+
+
+def gather(sets: dict[str, str | Path], baseline: str | Path | None = None) -> dict:
+    """What results/eval/acceptance.json holds, from the per-set records (name -> file) and the
+    baseline's record (None: no baseline measured yet)."""
     records = {name: _read(path) for name, path in sets.items()}
     per_set = {name: r["sets"][name] for name, r in records.items() if name in r.get("sets", {})}
     if not per_set:
@@ -65,8 +74,6 @@ def merge(sets: dict[str, str | Path], baseline: str | Path | None, out_json: st
         "seconds": round(sum(r["seconds"] for r in records.values()), 1),
         "records": {name: str(path) for name, path in sets.items()} | ({"untrained": str(baseline)} if baseline else {}),
     }
-    with atomic_file(out_json, encoding="utf-8") as handle:
-        handle.write(record.dumps(summary))
     return summary
 
 
