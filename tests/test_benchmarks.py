@@ -272,6 +272,21 @@ def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_pa
     assert "h200_configs/dspark.yaml" in first and whole.endswith("h200_configs/dspark.yaml --resources gpu=1")
 
 
+def test_a_short_session_measures_the_test_set_alone_where_it_says_so(tmp_path, monkeypatch):
+    """H200_SETS=test: default-sets and dspark's first part measure the test set alone (a session
+    short of device time), dspark's whole DAG then the rest (validation included)."""
+    monkeypatch.setenv("H200_SETS", "test")
+    call = _h200_queue(tmp_path, ("default", "dspark"),
+                       "echo \"draftline $*\"\nmkdir -p results resources/target\n")
+    assert call("session", "default-sets", "dspark").returncode == 0
+    assert call("wait", "60").returncode == 0
+    sets_only = (tmp_path / "w" / "default-sets" / "run.log").read_text().splitlines()
+    assert sets_only[0].startswith("draftline snakemake results/eval/sets/test.json --cores")
+    first, whole = (tmp_path / "w" / "dspark" / "run.log").read_text().splitlines()
+    assert first.startswith("draftline snakemake results/eval/sets/test.json --cores")
+    assert whole.startswith("draftline snakemake --cores")
+
+
 def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
     """On the two-GPU host (issue 38): tp2 runs the pipeline with tensor parallel 2 on a tiny
     target the queue builds (the embedded one's 9 heads do not split in 2) and trains on both

@@ -53,8 +53,9 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   # figures. One call with --prioritize did not keep that order: on 2026-12-05 (h100_pipeline_2026-12-05)
   # the baseline was the only GPU job ready when extraction ended and held the GPU 286 s before training.
   # (targets before the options: --resources takes every word after it)
-  local sets; sets=$(printf '%q ' "${smk[@]:0:2}" results/eval/sets/test.json results/eval/sets/validation.json \
-    "${smk[@]:2}" --resources gpu=1)
+  # H200_SETS: which of them (e.g. "test" alone, where a session is short of device time)
+  local sets set_files=() s; for s in ${H200_SETS:-test validation}; do set_files+=("results/eval/sets/$s.json"); done
+  sets=$(printf '%q ' "${smk[@]:0:2}" "${set_files[@]}" "${smk[@]:2}" --resources gpu=1)
   case $run in
     default|dspark) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
     default-sets) printf '%s\n' bash -c "$sets" ;;  # the sets alone: a draft type's session (dspark) pairs with them
