@@ -272,20 +272,23 @@ def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_pa
     assert "h200_configs/dspark.yaml" in first and whole.endswith("h200_configs/dspark.yaml --resources gpu=1")
 
 
-def test_a_short_session_measures_the_test_set_alone_where_it_says_so(tmp_path, monkeypatch):
-    """H200_SETS=test: default-sets and dspark's first part measure the test set alone (a session
-    short of device time), dspark's whole DAG then the rest (validation included)."""
+def test_a_short_session_measures_dspark_first_and_the_test_set_alone_where_it_says_so(tmp_path, monkeypatch):
+    """`H200_SETS=test session dspark-sets default-sets` (a session short of device time): DSpark's
+    whole upstream to its test set alone, then EAGLE-3's run copies it and measures its test set."""
     monkeypatch.setenv("H200_SETS", "test")
     call = _h200_queue(tmp_path, ("default", "dspark"),
-                       "echo \"draftline $*\"\nmkdir -p results resources/target\n")
-    assert call("session", "default-sets", "dspark").returncode == 0
+                       "echo \"draftline $*\"\n"
+                       "if [[ $* == *dspark* ]]; then mkdir -p results resources/target && echo dspark > results/made_by; fi\n")
+    assert call("session", "dspark-sets", "default-sets").returncode == 0
     assert call("wait", "60").returncode == 0
-    sets_only = (tmp_path / "w" / "default-sets" / "run.log").read_text().splitlines()
-    assert sets_only[0].startswith("draftline snakemake results/eval/sets/test.json --cores")
-    first, whole = (tmp_path / "w" / "dspark" / "run.log").read_text().splitlines()
-    assert first.startswith("draftline snakemake results/eval/sets/test.json --cores")
-    assert whole.startswith("draftline snakemake --cores")
-
+    work = tmp_path / "w"
+    dspark = (work / "dspark-sets" / "run.log").read_text().splitlines()
+    assert dspark == [line for line in dspark if line.startswith("draftline snakemake results/eval/sets/test.json --cores")]
+    assert len(dspark) == 1 and "h200_configs/dspark.yaml" in dspark[0]
+    eagle3 = (work / "default-sets" / "run.log").read_text().splitlines()
+    assert len(eagle3) == 1 and eagle3[0].startswith("draftline snakemake results/eval/sets/test.json --cores")
+    assert "h200_configs/default.yaml" in eagle3[0]
+    assert (work / "default-sets" / "repo" / "results" / "made_by").read_text() == "dspark\n"  # dspark-sets' results, copied
 
 def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
     """On the two-GPU host (issue 38): tp2 runs the pipeline with tensor parallel 2 on a tiny

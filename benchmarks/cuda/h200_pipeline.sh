@@ -9,7 +9,8 @@
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 # RUN: default (the quick start's whole DAG to results/summary.md), default-sets (its first part
-# alone: to the trained draft's test and validation sets), preflight (every part), online
+# alone: to the trained draft's test and validation sets; dspark-sets likewise with DSpark, where a
+# later default-sets copies it: `session dspark-sets default-sets` measures DSpark first), preflight (every part), online
 # (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
 # extraction_vllm, regeneration), dspark (a copy of the finished default or default-sets run with
 # that draft type: only the draft's jobs run, its sets first, so its acceptance pairs with EAGLE-3's
@@ -44,8 +45,8 @@ DEFAULT_PHASES=("default" "rates")
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()
   [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
-  # ddp, default-sets: default's config (ddp: default's run, the draft trained again)
-  local name=$run; [[ $run == ddp || $run == default-sets ]] && name=default
+  # RUN-sets: RUN's config; ddp: default's (default's run, the draft trained again)
+  local name=${run%-sets}; [[ $name == ddp ]] && name=default
   [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
@@ -58,7 +59,8 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   sets=$(printf '%q ' "${smk[@]:0:2}" "${set_files[@]}" "${smk[@]:2}" --resources gpu=1)
   case $run in
     default|dspark) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
-    default-sets) printf '%s\n' bash -c "$sets" ;;  # the sets alone: a draft type's session (dspark) pairs with them
+    # the sets alone: a draft type's session (dspark) pairs with them
+    default-sets|dspark-sets) printf '%s\n' bash -c "$sets" ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
     online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
     tp2) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;
@@ -86,7 +88,7 @@ state() {  # running, done, failed or new
 start_run() {
   local run=$1 dir=$W/$1 cmd
   mapfile -t cmd < <(run_command "$run") || true
-  (( ${#cmd[@]} )) || { echo "unknown run $run (default, default-sets, preflight, online, rates, dspark, tp2, tp2-states, ddp)"; return 2; }
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, default-sets, preflight, online, rates, dspark, dspark-sets, tp2, tp2-states, ddp)"; return 2; }
   [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
   mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
   # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
@@ -95,7 +97,8 @@ start_run() {
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
   case $run in
-    dspark|ddp) draft_run_from_default "$run" || return 2 ;;
+    dspark|dspark-sets|ddp) draft_run_from "$run" default default-sets || return 2 ;;
+    default-sets) draft_run_from "$run" dspark-sets || return 2 ;;  # after dspark-sets: EAGLE-3's own jobs
     tp2) [[ -d $dir/repo/resources/tiny-target ]] || (cd "$dir/repo" && PYTHONPATH=src ./draftline python -m \
            draftline.testing.tiny_model resources/tiny-target) || return 2 ;;
     tp2-states) [[ $(state tp2) == done ]] || { echo "tp2-states needs the tp2 run finished first"; return 2; }
@@ -110,14 +113,13 @@ start_run() {
   echo "started $run in $dir: ${cmd[*]}"
 }
 
-draft_run_from_default() {  # the quick start's finished run folder, once: Snakemake then reruns only the draft's jobs
-  local run=$1 dir=$W/$1 src=default
+draft_run_from() {  # RUN FROM...: the first run of FROM on this machine, copied once: Snakemake then reruns only the draft's jobs
+  local run=$1 dir=$W/$1 src=; shift
   [[ -d $dir/repo/results ]] && return 0  # a run started before resumes in its own folder
-  # default's run, or where there is none its trained sets alone (default-sets)
-  [[ $(state default) == new && $(state default-sets) != new ]] && src=default-sets
+  for src in "$@"; do [[ $(state "$src") != new ]] && break; done
   local from=$W/$src/repo
-  # no default run on this machine (a session of its own): the whole DAG
-  [[ $(state $src) == new ]] && { echo "$run: no default run here: its whole DAG"; return 0; }
+  # none of them on this machine (a session of its own): the whole DAG
+  [[ $(state "$src") == new ]] && { echo "$run: no $* run here: its whole DAG"; return 0; }
   [[ $(state $src) == done ]] || { echo "$run needs the $src run finished first (a phase before it)"; return 2; }
   cp -a "$from/results" "$from/.snakemake" "$dir/repo/" && mkdir -p "$dir/repo/resources" && cp -a "$from/resources/target" "$dir/repo/resources/"
   rm -rf "$dir/repo/.snakemake/locks" "$dir/repo/.snakemake/incomplete"
