@@ -162,13 +162,20 @@ def test_a_draft_the_installed_vllm_would_serve_unlike_it_was_trained_stops_befo
 
     dspark = algorithms.get("dspark")
     default, bonus = _dspark_config(tiny_model), _dspark_config(tiny_model, sample_from_anchor=False)
-    check_vllm_serves(dspark, default, "d")  # vLLM 0.32 (installed here) reads the setting: either serves as trained
-    check_vllm_serves(dspark, bonus, "d")
+    # as many decoder layers as aux layers (3), the only DSpark draft vLLM 0.26 loads
+    bonus_3 = _dspark_config(tiny_model, sample_from_anchor=False, num_layers=3)
+    # vLLM 0.32 (installed here) reads the setting and sizes fc by the aux layers: each serves as trained
+    for config in (default, bonus, bonus_3):
+        check_vllm_serves(dspark, config, "d")
     _as_vllm_026_reads_drafts(monkeypatch)
-    check_vllm_serves(dspark, bonus, "d")
+    check_vllm_serves(dspark, bonus_3, "d")
     with pytest.raises(RuntimeError, match=r"d: vLLM 0.26.0 would serve this dspark draft with sample_from_anchor false .* "
                                            r"trained with true.*Set draft.sample_from_anchor: false"):
         check_vllm_serves(dspark, default, "d")
+    # what stopped an H200's engine on 2026-12-06, said before one loads
+    with pytest.raises(RuntimeError, match=r"d: vLLM 0.26.0 would serve this dspark draft with an fc for 1 aux layer\(s\) "
+                                           r"\(as many as its decoder layers\), where the draft fuses 3: .*Set draft.num_layers: 3"):
+        check_vllm_serves(dspark, bonus, "d")
     dflash2 = {**bonus, "speculators_model_type": "dflash2"}
     with pytest.raises(RuntimeError, match=r"vLLM 0.26.0 does not serve dflash2 drafts \(its speculators reader knows "
                                            r"dflash, dspark, eagle3, peagle\).*vllm0.32 GPU lock"):

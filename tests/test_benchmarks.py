@@ -215,7 +215,7 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
     assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()
 
 
-def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
+def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path, monkeypatch):
     """`session default dspark`: the dspark run is a copy of the default run's folder (results,
     Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with
     default's by prompt; its config names the type. With a default run that did not finish it does
@@ -226,7 +226,7 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
                        "else mkdir -p results resources/target .snakemake/locks && echo default > results/made_by; fi\n")
 
     alone = call("start", "dspark")
-    assert "dspark: no default run here: its whole DAG" in alone.stdout
+    assert "dspark: no default/default-sets run here: its whole DAG" in alone.stdout
     assert call("wait", "60").returncode == 0
     assert not (tmp_path / "w" / "dspark" / "repo" / "results").exists()  # nothing copied: its own DAG
     shutil.rmtree(tmp_path / "w" / "dspark")
@@ -249,6 +249,15 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path):
     # paired by prompt with default's EAGLE-3: the same settings but the draft's
     dspark = yaml.safe_load((CUDA / "h200_configs" / "dspark.yaml").read_text())
     assert {k: v for k, v in dspark.items() if k != "draft"} == yaml.safe_load((CUDA / "h200_configs" / "default.yaml").read_text())
+    # a draft the host's vLLM (the vllm0.26 lock) serves as trained: the plan notes nothing (the
+    # 1-layer draft of 2026-12-06 stopped loading there, h200_dspark_2026-12-06)
+    from draftline.planning.config_checks import config_notes
+    from draftline.planning.rule_params import pinned_versions
+
+    monkeypatch.setenv("DRAFTLINE_GPU_LOCKFILE", "vllm0.26")
+    pinned = pinned_versions(REPO, "cuda", ("vllm",))["vllm"]
+    assert pinned == "0.26.0" and config_notes({"draft": dspark["draft"]}, "cuda", pinned, aux_layers=3) == []
+    assert config_notes({"draft": {**dspark["draft"], "num_layers": 1}}, "cuda", pinned, aux_layers=3)
 
 
 def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_path):
@@ -289,6 +298,7 @@ def test_a_short_session_measures_dspark_first_and_the_test_set_alone_where_it_s
     assert len(eagle3) == 1 and eagle3[0].startswith("draftline snakemake results/eval/sets/test.json --cores")
     assert "h200_configs/default.yaml" in eagle3[0]
     assert (work / "default-sets" / "repo" / "results" / "made_by").read_text() == "dspark\n"  # dspark-sets' results, copied
+
 
 def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_the_states(tmp_path):
     """On the two-GPU host (issue 38): tp2 runs the pipeline with tensor parallel 2 on a tiny

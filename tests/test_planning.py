@@ -279,3 +279,23 @@ def test_a_draft_type_vllm_serves_only_on_gpus_is_named_when_planned_for_cpu():
     assert note.startswith("note: draft.algorithm dspark trains here, but vLLM cannot serve it on CPU")
     assert config_notes({"draft": {"algorithm": "dspark"}}, "cuda") == []
     assert config_notes({"draft": {"algorithm": "eagle3"}}, "cpu") == []
+
+
+def test_a_dspark_draft_the_pinned_vllm_would_not_serve_as_trained_is_named_before_any_job():
+    """vLLM 0.26 (the default GPU lock) serves a DSpark draft's anchor as the bonus token and sizes
+    its fc by the draft's own layers: a plan for cuda with that pin says what would stop the
+    evaluation after training, and the settings that avoid it; vLLM 0.32 reads both as trained."""
+    from draftline.planning.config_checks import config_notes
+
+    def notes(vllm, **draft):
+        block = {"algorithm": "dspark", "num_layers": 1, "block_size": 8, "sample_from_anchor": None, **draft}
+        return config_notes({"draft": block}, "cuda", vllm, aux_layers=3)
+
+    anchor, layers = notes("0.26.0")
+    assert anchor.startswith("note: draft.algorithm dspark trains here, but vLLM 0.26.0 (this plan's pin) would serve it "
+                             "with sample_from_anchor false")
+    assert "Set draft.sample_from_anchor: false" in anchor and anchor.endswith("the evaluation jobs will stop")
+    assert "where the draft fuses 3" in layers and "Set draft.num_layers: 3" in layers
+    assert notes("0.26.0", num_layers=3, sample_from_anchor=False) == []
+    assert notes("0.32.0") == []
+    assert config_notes({"draft": {"algorithm": "eagle3", "num_layers": 1}}, "cuda", "0.26.0") == []

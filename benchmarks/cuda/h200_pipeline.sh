@@ -119,7 +119,7 @@ draft_run_from() {  # RUN FROM...: the first run of FROM on this machine, copied
   for src in "$@"; do [[ $(state "$src") != new ]] && break; done
   local from=$W/$src/repo
   # none of them on this machine (a session of its own): the whole DAG
-  [[ $(state "$src") == new ]] && { echo "$run: no $* run here: its whole DAG"; return 0; }
+  [[ $(state "$src") == new ]] && { echo "$run: no $(IFS=/; echo "$*") run here: its whole DAG"; return 0; }
   [[ $(state $src) == done ]] || { echo "$run needs the $src run finished first (a phase before it)"; return 2; }
   cp -a "$from/results" "$from/.snakemake" "$dir/repo/" && mkdir -p "$dir/repo/resources" && cp -a "$from/resources/target" "$dir/repo/resources/"
   rm -rf "$dir/repo/.snakemake/locks" "$dir/repo/.snakemake/incomplete"

@@ -10,8 +10,11 @@ An algorithm says everything that differs between draft kinds, and nothing else:
 - `model_class()`: the speculators model class (the untrained baseline is built from it the way
   the Trainer builds a fresh draft);
 - `speculative_config(checkpoint, k)`: how vLLM serves it;
-- `serving_problem(config_json, served)`: how the installed vLLM would serve it unlike it was
-  trained, from the model config vLLM's own speculators reader makes of it (None: as trained).
+- `serving_problem(config_json, served, vllm_version)`: how the installed vLLM would serve it
+  unlike it was trained, or not load it, from the model config vLLM's own speculators reader makes
+  of it (None: as trained);
+- `planned_vllm_problems(settings, aux_layers, vllm_version)`: the same, said at plan time from the
+  settings and the vLLM the plan pins (the GPU lock), before any GPU time is spent.
 
 To add one: write `draftline/algorithms/<name>.py` with a module-level `ALGORITHM` object, add
 one line to `ALGORITHMS` below and the name to `draft.algorithm`'s enum in the config schema.
@@ -92,7 +95,9 @@ class DraftAlgorithm(Protocol):
 
     def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict: ...
 
-    def serving_problem(self, config: dict, served: dict) -> str | None: ...
+    def serving_problem(self, config: dict, served: dict, vllm_version: str) -> str | None: ...
+
+    def planned_vllm_problems(self, settings: DraftSettings, aux_layers: int, vllm_version: str) -> list[str]: ...
 
 
 class FusedAuxDraft:
@@ -129,10 +134,16 @@ class FusedAuxDraft:
     def speculative_config(self, checkpoint: str | Path, num_speculative_tokens: int) -> dict:
         return {"method": self.vllm_method, "model": str(checkpoint), "num_speculative_tokens": num_speculative_tokens}
 
-    def serving_problem(self, config: dict, served: dict) -> str | None:
-        """How the draft of `config` would be served unlike it was trained, by a vLLM whose
-        speculators reader turns `config` into `served` (the model config it loads); None: as trained."""
+    def serving_problem(self, config: dict, served: dict, vllm_version: str) -> str | None:
+        """How the draft of `config` would be served unlike it was trained (or not loaded), by vLLM
+        `vllm_version` whose speculators reader turns `config` into `served` (the model config it
+        loads); None: as trained."""
         return None
+
+    def planned_vllm_problems(self, settings: DraftSettings, aux_layers: int, vllm_version: str) -> list[str]:
+        """What `serving_problem` will say of a draft trained with `settings` on `aux_layers` aux
+        layers, served by vLLM `vllm_version` (the plan's pin): [] where nothing."""
+        return []
 
 
 def get(name: str) -> DraftAlgorithm:

@@ -204,13 +204,21 @@ def check_rows_for_shards(rows: int, shards: int, where: str) -> None:
         )
 
 
-def config_notes(config: dict, device: str) -> list[str]:
+def config_notes(config: dict, device: str, vllm_version: str | None = None, aux_layers: int = 3) -> list[str]:
     """What the plan says before the first job about a config that runs but will stop later: a
-    draft type vLLM serves only on GPUs, planned for CPU, trains here and its evaluation stops."""
+    draft type vLLM serves only on GPUs, planned for CPU, trains here and its evaluation stops; a
+    draft the plan's pinned vLLM (`vllm_version`, for cuda) would serve unlike it is trained, or
+    not load, trains and its evaluation stops (`planned_vllm_problems`; `aux_layers`: the aux
+    layers it will read)."""
     from draftline import algorithms
 
     algorithm = algorithms.get(config["draft"]["algorithm"])
     if device == "cpu" and getattr(algorithm, "not_served_on_cpu", None):
         return [f"note: draft.algorithm {algorithm.name} trains here, but vLLM cannot serve it on CPU "
                 f"({algorithm.not_served_on_cpu}): the evaluation jobs will stop; evaluate it on a GPU (docs/cluster.md)"]
+    if device == "cuda" and vllm_version:
+        settings = algorithms.DraftSettings.from_config(config["draft"])
+        return [f"note: draft.algorithm {algorithm.name} trains here, but vLLM {vllm_version} (this plan's pin) would "
+                f"serve it {problem}: the evaluation jobs will stop"
+                for problem in algorithm.planned_vllm_problems(settings, aux_layers, vllm_version)]
     return []

@@ -26,7 +26,7 @@ from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.lineage.target_hash_cache import RUN_FILE, SharedHashCache, local_target_files
 from draftline.planning.cluster import cluster_device, jobs_leave_this_machine
 from draftline.planning.config_checks import ConfigError, TargetShape, check_config, config_notes, target_shape
-from draftline.planning.rule_params import DeviceSetting, PlanError, pinned_versions, resolved_settings
+from draftline.planning.rule_params import VLLM_DIST, DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.planning.sizing import planned_train_gpus, planned_training_rows
 from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.sources import PromptError, check_sources
@@ -180,7 +180,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         check_config(config, shape, device)
     except ConfigError as error:
         _refuse(str(error), no_job)
-    for line in [] if remote_exec else config_notes(config, device):
+    served_by = pinned_versions(repo, device, ("vllm",))[VLLM_DIST[device]]
+    for line in [] if remote_exec else config_notes(config, device, served_by, extracted_layers(hs["layer_ids"]) - 1):
         say(line)
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
     try:  # the `vllm:` block, target.* and the resolved engine settings, once

@@ -38,8 +38,9 @@ def engine_for(target_dir: str | Path, settings: EvaluateSettings, draft: str | 
 def check_vllm_serves(algorithm, config: dict, draft: str | Path) -> None:
     """Before an engine loads: the installed vLLM's own speculators reader (what vLLM runs on the
     draft's config.json when it loads it) knows the draft's type, and serves it as it was trained
-    (`algorithm.serving_problem`). vLLM 0.26 knows no dflash2, and serves a DSpark draft with its
-    anchor as the bonus token whatever the config says."""
+    (`algorithm.serving_problem`). vLLM 0.26 knows no dflash2, serves a DSpark draft with its
+    anchor as the bonus token whatever the config says, and cannot load one whose layers are fewer
+    or more than its aux layers."""
     import copy
 
     import vllm
@@ -54,7 +55,7 @@ def check_vllm_serves(algorithm, config: dict, draft: str | Path) -> None:
             "(dflash2: vLLM 0.32, the vllm0.32 GPU lock, requirements/README.md), or train another draft.algorithm"
         )
     served = SpeculatorsConfig.extract_transformers_pre_trained_config(copy.deepcopy(config))
-    problem = algorithm.serving_problem(config, served)
+    problem = algorithm.serving_problem(config, served, vllm.__version__)
     if problem:
         raise RuntimeError(f"{draft}: vLLM {vllm.__version__} would serve this {algorithm.name} draft {problem}")
 
