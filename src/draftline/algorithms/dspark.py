@@ -59,14 +59,14 @@ class DSpark(DFlash):
         problems = [] if trained == as_served else [anchor_problem(trained, as_served)]
         layers = layers_problem(int(config["transformer_layer_config"]["num_hidden_layers"]),
                                 len(config["aux_hidden_state_layer_ids"]), vllm_version)
-        return "; and ".join(problems + [layers] if layers else problems) or None
+        return "; and ".join(problems + ([layers] if layers else [])) or None
 
     def planned_vllm_problems(self, settings: DraftSettings, aux_layers: int, vllm_version: str) -> list[str]:
         trained = settings.sample_from_anchor is not False  # None: speculators' default, true
         reads_config = Version(vllm_version) >= READS_DSPARK_AS_TRAINED  # else: the anchor is the bonus token
         problems = [] if reads_config or not trained else [anchor_problem(trained, as_served=False)]
         layers = layers_problem(settings.num_layers, aux_layers, vllm_version)
-        return problems + [layers] if layers else problems
+        return problems + ([layers] if layers else [])
 
     def model_class(self):
         from speculators.models.dspark import DSparkDraftModel
@@ -91,5 +91,4 @@ def layers_problem(num_layers: int, aux_layers: int, vllm_version: str) -> str |
     return (f"with an fc for {num_layers} aux layer(s) (as many as its decoder layers), where the draft fuses "
             f"{aux_layers}: its engine stops loading the draft (\"Tried to load weights of size [hidden, {aux_layers} x "
             f"hidden] to a parameter of size [hidden, {num_layers} x hidden]\"; vLLM 0.32 sizes it by the aux layers, "
-            f"vllm-project/vllm#48524). Set "
-            f"draft.num_layers: {aux_layers} (a new draft is trained), {SERVE_WITH_032}")
+            f"vllm-project/vllm#48524). Set draft.num_layers: {aux_layers} (a new draft is trained), {SERVE_WITH_032}")
