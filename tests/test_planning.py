@@ -298,4 +298,4 @@ def test_a_dspark_draft_the_pinned_vllm_would_not_serve_as_trained_is_named_befo
     assert "where the draft fuses 3" in layers and "Set draft.num_layers: 3" in layers
     assert notes("0.26.0", num_layers=3, sample_from_anchor=False) == []
     assert notes("0.32.0") == []
-    assert config_notes({"draft": {"algorithm": "eagle3", "num_layers": 1}}, "cuda", "0.26.0") == []
+    assert config_notes({"draft": {"algorithm": "eagle3", "num_layers": 1}}, "cuda", "0.26.0", aux_layers=3) == []

@@ -204,7 +204,7 @@ def check_rows_for_shards(rows: int, shards: int, where: str) -> None:
         )
 
 
-def config_notes(config: dict, device: str, vllm_version: str | None = None, aux_layers: int = 3) -> list[str]:
+def config_notes(config: dict, device: str, vllm_version: str | None = None, aux_layers: int | None = None) -> list[str]:
     """What the plan says before the first job about a config that runs but will stop later: a
     draft type vLLM serves only on GPUs, planned for CPU, trains here and its evaluation stops; a
     draft the plan's pinned vLLM (`vllm_version`, for cuda) would serve unlike it is trained, or
@@ -216,7 +216,7 @@ def config_notes(config: dict, device: str, vllm_version: str | None = None, aux
     if device == "cpu" and getattr(algorithm, "not_served_on_cpu", None):
         return [f"note: draft.algorithm {algorithm.name} trains here, but vLLM cannot serve it on CPU "
                 f"({algorithm.not_served_on_cpu}): the evaluation jobs will stop; evaluate it on a GPU (docs/cluster.md)"]
-    if device == "cuda" and vllm_version:
+    if device == "cuda" and vllm_version and aux_layers is not None:
         settings = algorithms.DraftSettings.from_config(config["draft"])
         return [f"note: draft.algorithm {algorithm.name} trains here, but vLLM {vllm_version} (this plan's pin) would "
                 f"serve it {problem}: the evaluation jobs will stop"

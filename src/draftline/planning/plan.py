@@ -180,8 +180,9 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         check_config(config, shape, device)
     except ConfigError as error:
         _refuse(str(error), no_job)
-    served_by = pinned_versions(repo, device, ("vllm",))[VLLM_DIST[device]]
-    for line in [] if remote_exec else config_notes(config, device, served_by, extracted_layers(hs["layer_ids"]) - 1):
+    versions = pinned_versions(repo, device, ("vllm", "torch", "transformers"))
+    for line in [] if remote_exec else config_notes(config, device, versions[VLLM_DIST[device]],
+                                                     extracted_layers(hs["layer_ids"]) - 1):
         say(line)
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
     try:  # the `vllm:` block, target.* and the resolved engine settings, once
@@ -200,7 +201,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         resolved=resolved, default_train_gpus=default_train_gpus, train_gpus=train_gpus, vllm_ranks=vllm_ranks,
         vllm_parallel=parallel, shards=tuple(range(hs["shards"])), target_shape=shape, fidelity=fidelity,
         preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
-                            versions=pinned_versions(repo, device, ("vllm", "torch", "transformers")),
+                            versions=versions,
                             vllm=config["vllm"]),  # memory share, batch size, expert parallel...: they change the rates
         engine=engine, disk_limit=DiskLimit.from_config(config),
         hidden_state_source=HiddenStateSource.from_config(config, dtype=resolved["engine"]["dtype"], engine=engine,
