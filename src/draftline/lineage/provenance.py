@@ -105,6 +105,11 @@ def sidecar(path: str | Path) -> Path:
     return Path(path).with_suffix(".provenance.json")
 
 
+def is_sidecar(path: str | Path) -> bool:
+    """Whether `path` is a `sidecar`, not an output (e.g. results/eval/sets/test.provenance.json)."""
+    return Path(path).name.endswith(".provenance.json")
+
+
 def write_provenance(smk, path: str | Path | None = None) -> Path:
     """Write provenance.json for a Snakemake script job (`smk` is the `snakemake` object), or
     to `path` (a `sidecar`) when jobs share the folder of their outputs."""
