@@ -463,6 +463,27 @@ def test_a_run_that_stopped_after_its_trained_sets_is_paired_from_its_set_record
     assert record["paired"]["test"]["mean_acceptance_length"] == 0 and record["paired"]["test"]["prompts"] == 40
     assert set(record["intervals"]["dspark"]["test"]) == {"trained"}
 
+    # made on a lent GPU, EAGLE-3's run the copy: the record holds that machine and the runs' own
+    # versions, and EAGLE-3's job times leave out the upstream copied from the other run
+    gpu_versions = {"vllm": "0.26.0", "torch": "2.11.0"}
+    for run in runs:
+        final = run / "results" / "checkpoint" / "final" / "provenance.json"
+        final.write_text(json.dumps({**json.loads(final.read_text()), "versions": gpu_versions}))
+    copied = runs[0] / "results" / "benchmarks" / "tokenize.tsv"
+    copied.write_text("s\th:m:s\tmax_rss\n20.0\t0:00:20\t500\n")
+    os.utime(copied, (1_000_000_000, 1_000_000_000))  # 2001: before the copy's start
+    result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out),
+                     "--eagle3-since", "2020-01-01T00:00:00Z", "--machine", "GPU X (16 CPU cores), lent")
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["machine"] == "GPU X (16 CPU cores), lent" and record["versions"] == gpu_versions
+    assert "load_at_start" not in record
+    assert set(record["eagle3"]["stage_seconds"]) == {"train"} and set(record["other"]["stage_seconds"]) == {"train"}
+    final.write_text(json.dumps({**json.loads(final.read_text()), "versions": {"vllm": "0.32.0"}}))
+    result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out),
+                     "--machine", "GPU X")
+    assert result.returncode != 0 and "the two runs' versions differ" in result.stderr
+
     shutil.rmtree(runs[1] / "results" / "eval" / "sets")  # nothing evaluated: said, not a traceback
     result = _python(str(BENCH / "draft_type_acceptance.py"), *map(str, runs), "--command", "two runs", "--out", str(out))
     assert result.returncode != 0 and "no draft was evaluated in this run" in result.stderr
