@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime
 from pathlib import Path
 
-from record_run import header, header_line, load, stage_times, write_record
+from record_run import header, header_line, load, stage_times, timestamp, write_record
 
 from draftline.artifacts.acceptance import intervals, paired_difference
 from draftline.lineage.provenance import is_sidecar
@@ -153,10 +152,6 @@ def markdown(record: dict) -> str:
     if record.get("note"):
         lines += ["", record["note"]]
     return "\n".join(lines) + "\n"
-
-
-def timestamp(iso: str | None) -> float | None:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
 
 
 def main() -> None:

@@ -82,6 +82,11 @@ def load_now() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def timestamp(iso: str | None) -> float | None:
+    """Epoch seconds of an ISO time ("2026-12-06T05:49:54Z"); None for None."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+
+
 def load(log: Path | None, start: float, end: float) -> dict | None:
     """The 1-minute load averages a LOG sampled between `start` and `end` (epoch seconds):
     lines "TIME load1 load5 load15 ...", TIME in ISO form or epoch seconds, e.g. from
@@ -96,7 +101,7 @@ def load(log: Path | None, start: float, end: float) -> dict | None:
         try:
             when = float(parts[0])
         except ValueError:
-            when = datetime.fromisoformat(parts[0].replace("Z", "+00:00")).timestamp()
+            when = timestamp(parts[0])
         if start <= when <= end:
             values.append(float(parts[1]))
     if not values:
