@@ -11,6 +11,7 @@ EVALUATION_PARAMS = dict(
     max_new_tokens=config["evaluate"]["max_new_tokens"],
     max_prompts=config["evaluate"]["max_prompts"],
     per_prompt_counts=config["evaluate"]["per_prompt_counts"],
+    batch1_prompts=config["evaluate"]["batch1_prompts"],
     seed=config["evaluate"]["seed"],
     target=TARGET_IDENTITY,
     target_dir=TARGET_PATH,
@@ -36,33 +37,63 @@ localrules:
     evaluate,
 
 
-rule evaluate_set:
-    input:
-        target=target_input(),
-        # the set's file (a dataset folder's files), so an edit reruns this set only
-        prompts=evaluation_set_files,
-        draft=rules.train.output[0],
-    output:
-        acceptance="results/eval/sets/{prompt_set}.json",
-    log:
-        "logs/evaluate/{prompt_set}.log",
-    benchmark:
-        "results/benchmarks/evaluate/{prompt_set}.tsv"
-    conda:
-        "../envs/gpu.yaml"
-    # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank, so two sets
-    # run side by side on two cores
-    threads: VLLM_RANKS
-    resources:
-        gpu=VLLM_RANKS,
-        nodes=ONE_NODE,
-    params:
-        code=code("stages.evaluate", script="evaluate_set"),
-        # the set's file as configured (relative to the working folder)
-        source=evaluation_set_source,
-        **EVALUATION_PARAMS,
-    script:
-        "../scripts/evaluate_set.py"
+if not config["evaluate"]["sets_in_one_job"]:
+
+    rule evaluate_set:
+        input:
+            target=target_input(),
+            # the set's file (a dataset folder's files), so an edit reruns this set only
+            prompts=evaluation_set_files,
+            draft=rules.train.output[0],
+        output:
+            acceptance="results/eval/sets/{prompt_set}.json",
+        log:
+            "logs/evaluate/{prompt_set}.log",
+        benchmark:
+            "results/benchmarks/evaluate/{prompt_set}.tsv"
+        conda:
+            "../envs/gpu.yaml"
+        # one vLLM rank per GPU (VLLM_RANKS, rules/common.smk); on CPU one core per rank, so two sets
+        # run side by side on two cores
+        threads: VLLM_RANKS
+        resources:
+            gpu=VLLM_RANKS,
+            nodes=ONE_NODE,
+        params:
+            code=code("stages.evaluate", script="evaluate_set"),
+            # the set's file as configured (relative to the working folder)
+            source=evaluation_set_source,
+            **EVALUATION_PARAMS,
+        script:
+            "../scripts/evaluate_set.py"
+
+
+else:  # evaluate.sets_in_one_job: each engine starts once for every set; the same records
+    from types import SimpleNamespace  # a set's name as the per-set input functions read it
+
+    rule evaluate_sets:
+        input:
+            target=target_input(),
+            prompts=[evaluation_set_files(SimpleNamespace(prompt_set=name)) for name in evaluation_sets()],
+            draft=rules.train.output[0],
+        output:
+            acceptance=evaluation_records(),
+        log:
+            "logs/evaluate/sets.log",
+        benchmark:
+            "results/benchmarks/evaluate/sets.tsv"
+        conda:
+            "../envs/gpu.yaml"
+        threads: VLLM_RANKS
+        resources:
+            gpu=VLLM_RANKS,
+            nodes=ONE_NODE,
+        params:
+            code=code("stages.evaluate", script="evaluate_sets"),
+            sets={name: evaluation_set_source(SimpleNamespace(prompt_set=name)) for name in evaluation_sets()},
+            **EVALUATION_PARAMS,
+        script:
+            "../scripts/evaluate_sets.py"
 
 
 rule evaluate_baseline:

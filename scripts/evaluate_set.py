@@ -23,6 +23,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             max_new_tokens=snakemake.params.max_new_tokens,
             max_prompts=snakemake.params.max_prompts,
             per_prompt_counts=snakemake.params.per_prompt_counts,
+            batch1_prompts=snakemake.params.batch1_prompts,
             seed=snakemake.params.seed,
             chat_template=snakemake.params.chat_template,
             chat_template_kwargs=snakemake.params.chat_template_kwargs,

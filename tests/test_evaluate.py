@@ -660,6 +660,13 @@ def test_default_target_plans_evaluation_and_report(tmp_path):
     assert jobs["evaluate_set"] == 2 + len(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["evaluate"]["prompt_sets"])
     for plot in PLOTS:
         assert jobs[f"report_{plot}"] == 1
+    # evaluate.sets_in_one_job: one job for every set (each engine starts once), the same records after it
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["evaluate"]["sets_in_one_job"] = True
+    write_config(tmp_path, config)
+    together = planned_jobs(tmp_path)
+    assert together["evaluate_sets"] == 1 and "evaluate_set" not in together
+    assert together["evaluate"] == 1 and together["evaluate_baseline"] == 1
 
 
 def test_report_plots_stay_readable_with_many_prompt_sets_and_long_titles(tmp_path, monkeypatch):
@@ -728,3 +735,71 @@ def test_gathered_sets_keep_the_configured_order_with_the_baseline_beside_the_he
     assert difference["mean_acceptance_lengths"] == [2.0, 1.125] and difference["mean_acceptance_length"] == 0.875
     assert set(result["checkpoints"]) == {"trained", "untrained"} and result["seconds"] == 20.0
     assert result["records"]["untrained"] == str(baseline)
+
+
+# ---------------------------------------------------------------- latency at batch 1
+
+
+def _latency_rows(seconds_per_prompt, tokens=10, steps=5):
+    return [{"id": f"p{i}", "seconds": s, "output_tokens": tokens, "steps": steps, "token_ids": [1] * tokens}
+            for i, s in enumerate(seconds_per_prompt)]
+
+
+def test_batch1_speed_up_is_time_per_token_alone_over_with_the_draft_with_a_paired_interval():
+    from draftline.stages.evaluate.latency import batch1_latency, where_the_time_goes
+
+    alone = _latency_rows([1.0, 2.0, 3.0, 4.0])
+    faster = _latency_rows([0.5, 1.0, 1.5, 2.0])  # every prompt twice as fast
+    latency = batch1_latency(alone, faster)
+    assert latency["speedup"] == 2.0 and latency["bootstrap_95"] == [2.0, 2.0]  # paired: no spread left
+    assert latency["ms_per_output_token"] == {"target_alone": 250.0, "with_draft": 125.0}
+    assert latency["per_prompt_speedup"] == {"min": 2.0, "median": 2.0, "max": 2.0}
+    assert latency["speculative_step"]["in_target_steps"] == 1.0  # 5 steps for 10 tokens: 2 tokens a step
+    assert where_the_time_goes(latency) is None
+    slower = batch1_latency(alone, _latency_rows([2.0, 3.0, 5.0, 6.0], steps=8))
+    low, high = slower["bootstrap_95"]
+    assert low <= slower["speedup"] <= high < 1
+    assert "yielded 1.25 tokens" in where_the_time_goes(slower)
+    with pytest.raises(ValueError, match="not the same prompts"):
+        batch1_latency(alone, list(reversed(faster)))
+
+
+@pytest.mark.dag
+def test_each_set_records_its_latency_at_batch_1_in_the_same_engines(evaluation, evaluation_in_separate_calls):
+    """The first evaluate.batch1_prompts prompts of each set, each alone, with and without the
+    draft: the draft's steps are the prompts' own spec-decode steps (vLLM's per-request metrics,
+    or the separate calls, which are those calls), and no engine is started for it."""
+    settings = EvaluateSettings()
+    for result in (evaluation["json"], evaluation_in_separate_calls):
+        for name, data in result["sets"].items():
+            for draft, block in data["drafts"].items():
+                latency = block["batch1"]
+                n = min(settings.batch1_prompts, data["prompts"])
+                assert latency["prompts"] == n, (name, draft)
+                assert latency["speculative_step"]["steps"] == sum(row[1] for row in block["per_prompt"]["rows"][:n])
+                assert latency["outputs_unlike_target_alone"] == 0  # greedy and lossless, each prompt alone
+                low, high = latency["bootstrap_95"]
+                assert low <= latency["speedup"] <= high
+    assert evaluation["engines"] == [None, evaluation["oracle"], evaluation["untrained"]]
+
+
+@pytest.mark.dag
+def test_every_set_in_one_job_writes_the_records_each_sets_own_job_would(evaluation):
+    """evaluate.sets_in_one_job: one engine per draft for all sets; each set's record holds that
+    set alone, in the format evaluate_set writes, and the merge gathers them as it gathers those."""
+    import draftline.stages.evaluate as ev
+    from draftline.stages import evaluate_merge
+
+    tmp = evaluation["tmp"]
+    outs = {name: tmp / "one_job" / f"{name}.json" for name in ("test", "mine")}
+    ev.evaluate_sets(evaluation["target"], {"test": tmp / "heldout.jsonl", "mine": tmp / "mine.jsonl"},
+                     ("trained", evaluation["oracle"]), outs,
+                     EvaluateSettings(num_speculative_tokens=K, max_new_tokens=16, max_model_len=256, threads=1))
+    records = {name: json.loads(path.read_text()) for name, path in outs.items()}
+    for name in ("test", "mine"):
+        assert list(records[name]["sets"]) == [name] and records[name]["headline_set"] == name
+        trained = records[name]["sets"][name]["drafts"]["trained"]
+        assert trained["counters"] == evaluation["json"]["sets"][name]["drafts"]["trained"]["counters"]
+    assert records["mine"]["seconds"] == 0.0 < records["test"]["seconds"]  # the job's seconds, counted once
+    gathered = evaluate_merge.gather(outs)
+    assert list(gathered["sets"]) == ["test", "mine"] and gathered["lossless"]

@@ -50,7 +50,8 @@ TOKENIZED_DATASET = "results/tokenized/dataset"
 LAYER_IDS = "results/target/layer_ids.json"
 FINAL_CHECKPOINT = "results/checkpoint/final"
 # The rules that load the target in vLLM: each asks for one GPU per rank itself.
-VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline", "preflight_environment",
+VLLM_RULES = ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_sets", "evaluate_baseline",
+              "preflight_environment",
               "preflight_regenerate",
               "preflight_hidden_states", "preflight_speculative")
 

@@ -32,7 +32,8 @@ One module per idea:
 - lossless: a draft's outputs against the target's own (LosslessError, check_lossless)
 - engines: the target in vLLM with or without a draft, one timed generate (engine_for, timed_generate)
 - measure: the target alone on every set, then each draft (target_alone, measure_draft)
-- job: what the rules run, each writing its record (evaluate, evaluate_set, evaluate_baseline)
+- job: what the rules run, each writing its record (evaluate, evaluate_set, evaluate_sets, evaluate_baseline)
+- latency: each set's first prompts at batch 1, alone and with the draft (batch1_latency)
 """
 
 from draftline.stages.evaluate.baseline import make_untrained_draft
@@ -49,7 +50,7 @@ from draftline.stages.evaluate.counters import (
     read_counters,
 )
 from draftline.stages.evaluate.engines import engine_for, timed_generate, warm_up
-from draftline.stages.evaluate.job import evaluate, evaluate_baseline, evaluate_set
+from draftline.stages.evaluate.job import evaluate, evaluate_baseline, evaluate_set, evaluate_sets
 from draftline.stages.evaluate.lossless import LosslessError, check_lossless
 from draftline.stages.evaluate.per_prompt import check_per_prompt, spread, trained_minus_untrained
 from draftline.stages.evaluate.prompts import HEADLINE_SET, Prompt, fitting_prompts, read_prompts
@@ -58,7 +59,7 @@ from draftline.stages.evaluate.settings import EvaluateSettings
 __all__ = [
     "ACCEPTED", "ACCEPTED_PER_POS", "COUNTERS", "DRAFTS", "DRAFT_TOKENS", "GENERATION_TOKENS", "HEADLINE_SET",
     "PROMPT_TOKENS", "EvaluateSettings", "LosslessError", "Prompt", "acceptance", "check_lossless",
-    "check_per_prompt", "counter_delta", "engine_for", "evaluate", "evaluate_baseline", "evaluate_set",
+    "check_per_prompt", "counter_delta", "engine_for", "evaluate", "evaluate_baseline", "evaluate_set", "evaluate_sets",
     "fitting_prompts", "make_untrained_draft", "read_counters", "read_prompts", "spread", "timed_generate",
     "trained_minus_untrained", "warm_up",
 ]

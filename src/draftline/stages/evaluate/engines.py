@@ -98,7 +98,7 @@ def counted_one_by_one(llm, prompts: list[Prompt], settings: EvaluateSettings, c
     set's batched call stays the timed one and the set's figure."""
     runs = [timed_generate(llm, [prompt], settings, chat_template) for prompt in prompts]
     return {"per_request": [request_metrics(run["counters"], settings.num_speculative_tokens) for run in runs],
-            "token_ids": [run["token_ids"][0] for run in runs]}
+            "token_ids": [run["token_ids"][0] for run in runs], "runs": runs}
 
 
 def warm_up(llm, prompt: Prompt, chat_template: str | None, template_kwargs: dict | None = None) -> None:

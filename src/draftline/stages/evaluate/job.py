@@ -22,7 +22,7 @@ def evaluate(
     target_dir: str | Path,
     prompt_sets: dict[str, str | Path],
     drafts: dict[str, str | Path],
-    out_json: str | Path,
+    out_json: str | Path | None,
     settings: EvaluateSettings,
     baseline: str | None = None,
 ) -> dict:
@@ -86,9 +86,34 @@ def evaluate(
         "settings": {key: value for key, value in asdict(settings).items() if key != "threads"},
         "seconds": round(time.monotonic() - started, 1),
     }
-    with atomic_file(out_json, encoding="utf-8") as handle:
-        handle.write(record.dumps(summary))
+    if out_json is not None:
+        with atomic_file(out_json, encoding="utf-8") as handle:
+            handle.write(record.dumps(summary))
     return summary
+
+
+def evaluate_sets(target_dir: str | Path, prompt_sets: dict[str, str | Path], draft: tuple[str, str | Path],
+                  out_jsons: dict[str, str | Path], settings: EvaluateSettings) -> dict:
+    """Every set (name -> file) with one draft in one job (evaluate.sets_in_one_job): each engine
+    starts once for all of them; each set's record (name -> out_jsons[name]) is the one its own
+    `evaluate_set` job would write. The job's seconds go on the first set's record (the merge sums
+    them), the others' say where they are."""
+    from draftline.runtime.atomic import atomic_file
+
+    filled = {name: path for name, path in prompt_sets.items() if read_prompts(path, settings.max_prompts)}
+    summary = evaluate(target_dir, filled, dict([draft]), None, settings) if filled else None
+    first = next(iter(filled), None)
+    for name, out_json in out_jsons.items():
+        if name not in filled:
+            _write_empty(name, prompt_sets[name], out_json, settings)
+            continue
+        one = {**summary, "headline_set": name, "prompts": summary["sets"][name]["prompts"],
+               "drafts": summary["sets"][name]["drafts"], "sets": {name: summary["sets"][name]}, "empty_sets": [],
+               "timing": summary["timing"] + f"; every set in one job ({', '.join(filled)})",
+               "seconds": summary["seconds"] if name == first else 0.0}
+        with atomic_file(out_json, encoding="utf-8") as handle:
+            handle.write(record.dumps(one))
+    return summary or {}
 
 
 def evaluate_set(target_dir: str | Path, prompt_set: tuple[str, str | Path], draft: tuple[str, str | Path],
@@ -100,6 +125,10 @@ def evaluate_set(target_dir: str | Path, prompt_set: tuple[str, str | Path], dra
     name, path = prompt_set
     if read_prompts(path, settings.max_prompts):
         return evaluate(target_dir, {name: path}, dict([draft]), out_json, settings)
+    return _write_empty(name, path, out_json, settings)
+
+
+def _write_empty(name: str, path: str | Path, out_json: str | Path, settings: EvaluateSettings) -> dict:
     from draftline.runtime.atomic import atomic_file
 
     log.info("%s (%s): no prompts; recorded as an empty set", name, path)

@@ -12,6 +12,7 @@ from draftline.artifacts import acceptance as record
 from draftline.runtime.vllm_engine import shutdown
 from draftline.stages.evaluate.counters import acceptance
 from draftline.stages.evaluate.engines import counted_one_by_one, engine_for, timed_generate, warm_up
+from draftline.stages.evaluate.latency import as_row, batch1_latency, batch1_prompt_count, batch1_runs
 from draftline.stages.evaluate.lossless import check_lossless
 from draftline.stages.evaluate.per_prompt import check_per_prompt, separate_calls_agree, spread
 from draftline.stages.evaluate.prompts import Prompt, fitting_prompts
@@ -52,6 +53,8 @@ def target_alone(
             raise ValueError(f"{name}: no prompt fits max_model_len={settings.max_model_len} with {settings.max_new_tokens} new tokens")
     warm_up(llm, next(iter(sets.values()))[0], chat_template, settings.chat_template_kwargs)
     reference = {name: timed_generate(llm, prompts, settings, chat_template) for name, prompts in sets.items()}
+    for name, prompts in sets.items():  # then the set's first prompts at batch 1 (evaluate.batch1_prompts)
+        reference[name]["batch1"] = batch1_runs(llm, prompts[: batch1_prompt_count(settings, len(prompts))], settings, chat_template)
     shutdown(llm)
     del llm
     for name, ref in reference.items():
@@ -86,6 +89,8 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
             # a counting pass: lossless is checked on the batched call (its outputs are compared in
             # separate_calls_agree; a GPU batch may round otherwise than one prompt alone)
             one = counted_one_by_one(llm, prompts, settings, chat_template)
+            # those calls are batch 1: the latency's rows, no pass of their own
+            batch1 = [as_row(p.id, run) for p, run in zip(prompts, one["runs"], strict=True)]
             per_request = one["per_request"]
             prompts_counted = record.per_prompt(ids, per_request, k)
             how_counted = {"per_prompt_counts": separate_calls_agree(prompts_counted, run, one["token_ids"], where)}
@@ -94,6 +99,8 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
             prompts_counted = record.per_prompt(ids, per_request, k)
             check_per_prompt(prompts_counted, run["counters"], where)
             how_counted = {}
+            batch1 = batch1_runs(llm, prompts[: len(reference[name]["batch1"])], settings, chat_template)
+        latency = batch1_latency(reference[name]["batch1"], batch1[: len(reference[name]["batch1"])], seed=settings.seed)
         results[name] = {
             **numbers,
             "spread": spread(per_request, seed=settings.seed),
@@ -104,6 +111,7 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
             "seconds": run["seconds"],
             "counters": run["counters"],
             "per_prompt": prompts_counted,
+            "batch1": latency,
         }
         log.info(
             "%s, %s draft: mean acceptance length %.3f (95%% bootstrap %s), acceptance rate %.3f, per position %s, "
@@ -112,6 +120,13 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
             numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
             run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
         )
+        if latency:
+            log.info("%s, %s draft at batch 1 (%d prompts, each alone): %.3f ms per output token (target alone %.3f), "
+                     "speed-up %.3f (paired 95%% bootstrap %s); a speculative step %s ms = %s target steps, %s tokens",
+                     name, draft, latency["prompts"], latency["ms_per_output_token"]["with_draft"],
+                     latency["ms_per_output_token"]["target_alone"], latency["speedup"], latency["bootstrap_95"],
+                     latency["speculative_step"]["ms"], latency["speculative_step"]["in_target_steps"],
+                     latency["speculative_step"]["output_tokens_per_step"])
     shutdown(llm)
     del llm
     return results

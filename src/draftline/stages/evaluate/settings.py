@@ -17,6 +17,7 @@ class EvaluateSettings(EngineSettings):
     max_prompts: int | None = default("evaluate", "max_prompts")  # per set
     # each prompt's counts: vLLM's per-request metrics (vllm) or a call per prompt (separate_calls)
     per_prompt_counts: str = default("evaluate", "per_prompt_counts")
+    batch1_prompts: int | None = default("evaluate", "batch1_prompts")  # per set, timed one at a time; None = all
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)

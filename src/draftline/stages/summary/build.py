@@ -194,6 +194,17 @@ def _acceptance_findings(accept: pd.DataFrame, device: str, warnings: list[str],
             "benchmarks/cuda/results/h100_pipeline_whole_dag_2026-12-05.md); on a large target, "
             "train on more data or epochs, or serve with fewer speculative tokens (results/eval/acceptance.json)"
         )
+    headline = accept[(accept["draft"] == "trained") & accept["headline"]]
+    speedup = headline["batch1_speedup"].iloc[0] if "batch1_speedup" in accept and len(headline) else None
+    if speedup is not None and not pd.isna(speedup) and speedup < 1:
+        row = headline.iloc[0]
+        notes.append(
+            f"at batch 1 the trained draft is slower than the target alone on the {row['set']} set (speed-up "
+            f"{row['batch1_speedup']:.3f}): one speculative step (the draft's k proposals and the target's "
+            f"verification) costs {row['batch1_step_in_target_steps']:.2f} steps of the target alone and yields "
+            f"{row['batch1_tokens_per_step']:.2f} tokens; it pays off once a step yields more tokens than it costs "
+            "(results/eval/acceptance.json, each set's `batch1`)"
+        )
     trained = accept[(accept["draft"] == "trained") & accept["headline"]]
     untrained = accept[(accept["draft"] == "untrained") & accept["headline"]]
     if len(trained) and len(untrained) and trained["mean_acceptance_length"].iloc[0] <= untrained["mean_acceptance_length"].iloc[0]:

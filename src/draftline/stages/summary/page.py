@@ -42,6 +42,23 @@ def _training_rate(training: dict) -> str:
     return rate + (f", {median:,.0f} at the median step (the rest: start-up and compilation steps)" if median else "")
 
 
+def _batch1_lines(acceptance: pd.DataFrame) -> list[str]:
+    """Latency at batch 1 (each prompt alone), the regime speculative decoding serves."""
+    if "batch1_speedup" not in acceptance or acceptance["batch1_speedup"].isna().all():
+        return []
+    lines = ["## Latency at batch 1 (each prompt generated alone)", "",
+             "| set | draft | prompts | ms per output token, target alone | with the draft | speed-up [95%] "
+             "| a speculative step, in target steps | tokens per step |", "|---" * 8 + "|"]
+    for row in acceptance.dropna(subset=["batch1_speedup"]).to_dict("records"):
+        interval = row.get("batch1_interval_95")
+        speedup = f"{row['batch1_speedup']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+        lines.append("| " + " | ".join([row["set"], row["draft"], _fmt(int(row["batch1_prompts"])), _fmt(row["batch1_ms_alone"]),
+                                        _fmt(row["batch1_ms_draft"]), speedup, _fmt(row["batch1_step_in_target_steps"]),
+                                        _fmt(row["batch1_tokens_per_step"])]) + " |")
+    return [*lines, "", "A speed-up above 1 needs a speculative step (the draft's proposals and the target's "
+            "verification) to yield more tokens than it costs steps of the target alone.", ""]
+
+
 def to_markdown(summary: dict) -> str:
     lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
     if summary["warnings"]:
@@ -63,6 +80,7 @@ def to_markdown(summary: dict) -> str:
                      _fmt(row.get("speedup"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"Every speculative output identical to the target's own: {summary['lossless']}.", ""]
+        lines += _batch1_lines(acceptance)
     training = summary["training"]
     if training:
         lines += ["## Training", "",

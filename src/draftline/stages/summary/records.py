@@ -89,8 +89,20 @@ def acceptance_table(acceptance: dict) -> pd.DataFrame:
                 "interval_95": interval, "acceptance_rate": numbers.get("acceptance_rate"),
                 **{f"position_{i + 1}": per_position[i] for i in range(k)},
                 "output_tokens_per_s": numbers.get("output_tokens_per_s"), "speedup": numbers.get("speedup"),
+                **batch1_columns(numbers.get("batch1")),
             })
     return pd.DataFrame(rows)
+
+
+def batch1_columns(latency: dict | None) -> dict:
+    """A draft's latency at batch 1 on one set (draftline.stages.evaluate.latency) as table columns."""
+    latency = latency or {}
+    ms = latency.get("ms_per_output_token") or {}
+    step = latency.get("speculative_step") or {}
+    return {"batch1_prompts": latency.get("prompts"), "batch1_ms_alone": ms.get("target_alone"),
+            "batch1_ms_draft": ms.get("with_draft"), "batch1_speedup": latency.get("speedup"),
+            "batch1_interval_95": latency.get("bootstrap_95"), "batch1_step_in_target_steps": step.get("in_target_steps"),
+            "batch1_tokens_per_step": step.get("output_tokens_per_step")}
 
 
 def hidden_state_fidelity(provenance: dict) -> dict | None:
