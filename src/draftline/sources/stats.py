@@ -15,6 +15,9 @@ class SourceStats:
     duplicates: int = 0
     rejected: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
+    # what reading changed in the kept rows (sources.conversation.Conversation.changes), e.g. a
+    # leading assistant turn dropped, a ShareGPT `bing` turn read as the assistant's
+    changed: Counter = field(default_factory=Counter)
     train: int = 0
     validation: int = 0
     test: int = 0
@@ -28,6 +31,7 @@ class SourceStats:
             "duplicates": self.duplicates,
             "rejected": self.rejected,
             "rejected_reasons": dict(sorted(self.rejected_reasons.items())),
+            "changed": dict(sorted(self.changed.items())),
             "train": self.train,
             "validation": self.validation,
             "test": self.test,

@@ -89,6 +89,7 @@ class PromptsSettings:
     test: int = default("prompts", "test")
     max_samples: int | None = default("prompts", "max_samples")
     on_bad_row: str = default("prompts", "on_bad_row")
+    leading_assistant_turn: str = default("prompts", "leading_assistant_turn")
     seed: int = default("prompts", "seed")
     regenerate_enabled: bool = default("regenerate", "enabled")
 
@@ -131,7 +132,7 @@ def collect_prompts(sources: Sequence[str], settings: PromptsSettings = PromptsS
     spool file as they are read; the splits read them back from it in the shuffled order."""
     if settings.on_bad_row not in ("stop", "skip"):
         raise PromptError(f"prompts.on_bad_row is {settings.on_bad_row!r} (fix: use stop or skip)")
-    check_sources(sources, settings.regenerate_enabled, rows=0)  # existence only; rows below
+    check_sources(sources, settings.regenerate_enabled, settings.on_bad_row, rows=0)  # existence only; rows below
     spool = _Spool()
     seen: set[str] = set()
     for source_index, source in enumerate(sources):
@@ -149,7 +150,7 @@ def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], set
         try:
             if raw.error:
                 raise raw.error
-            conversation = normalize_conversation(raw.value, settings.regenerate_enabled)
+            conversation = normalize_conversation(raw.value, settings.regenerate_enabled, settings.leading_assistant_turn)
         except BadRow as bad:
             if settings.on_bad_row == "stop":
                 raise row_error(source, raw.line, indexed, bad) from None
@@ -167,6 +168,7 @@ def _read_one(source: str, source_index: int, spool: _Spool, seen: set[str], set
             continue
         seen.add(row_id)
         st.kept += 1
+        st.changed.update(conversation.changes)
         row = {"id": row_id, "source": source, "messages": messages}
         if conversation.tools:
             row["tools"] = conversation.tools
@@ -257,6 +259,8 @@ def _log_source(st: SourceStats) -> None:
     )
     if st.rejected:
         log.warning("%s: rejected %d rows (%s); see rejects.jsonl", st.path, st.rejected, _reasons(st))
+    if st.changed:
+        log.info("%s: kept rows changed as read: %s", st.path, ", ".join(f"{k}: {n}" for k, n in sorted(st.changed.items())))
 
 
 def _reasons(st: SourceStats) -> str:

@@ -99,7 +99,8 @@ def build_summary(
 def _sources(prompts: dict, warnings: list[str]) -> list[dict]:
     """Each prompt source's counts; a warning naming every source rows were left out of, and why."""
     sources = [
-        {key: source.get(key) for key in ("path", "format", "rows_read", "kept", "duplicates", "rejected", "rejected_reasons")}
+        {key: source.get(key) for key in ("path", "format", "rows_read", "kept", "duplicates", "rejected", "rejected_reasons",
+                                       "changed")}
         for source in prompts.get("sources") or []
     ]
     rejected = [s for s in sources if s["rejected"]]

@@ -125,13 +125,14 @@ def to_markdown(summary: dict) -> str:
             )
     lines += _dropped_rows(summary["training"])
     if summary.get("sources"):
-        lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "## Prompt sources", "", "| source | format | rows read | kept | duplicates | rejected (reasons) "
+                  "| kept rows changed as read |", "|---|---|---|---|---|---|---|"]
         for source in summary["sources"]:
             reasons = ", ".join(f"{code}: {n}" for code, n in sorted((source["rejected_reasons"] or {}).items()))
+            changed = ", ".join(f"{code}: {n}" for code, n in sorted((source.get("changed") or {}).items())) or "none"
             lines.append(
                 f"| {source['path']} | {source['format']} | {source['rows_read']} | {source['kept']} | "
-                f"{source['duplicates']} | {source['rejected']}{f' ({reasons})' if reasons else ''} |"
+                f"{source['duplicates']} | {source['rejected']}{f' ({reasons})' if reasons else ''} | {changed} |"
             )
     lines += ["", f"## Disk used: {_size(summary['disk_bytes_total'])}", "", "| folder (results/) | size |", "|---|---|"]
     lines += [f"| {folder} | {_size(size)} |" for folder, size in summary["disk_bytes"].items()]
