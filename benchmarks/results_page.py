@@ -54,7 +54,7 @@ DRAFT_TYPE_RECORDS = {
     "dspark": ("benchmarks/cuda/results/h100_dspark_acceptance", None),
 }
 # why a GPU-only type has no CUDA record either (benchmarks/cuda/README.md)
-NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the H200 test host's, does not serve it (vLLM 0.32 does)"}
+NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the only vLLM run on CUDA, does not serve it (vLLM 0.32 does)"}
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
 
