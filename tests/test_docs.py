@@ -121,6 +121,10 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
         f"`DECODE_FRACTION` {sizing.DECODE_FRACTION:g} of the matmul limit",
         f"`START_S` {sizing.START_S:g} s",
         f"`LOAD_BYTES_PER_S` {sizing.LOAD_BYTES_PER_S / 1e9:g} GB/s",
+        "regeneration {regeneration:g} s (one start), extraction {extraction:g} s".format(**sizing.VLLM_START_S["cuda"][1]),
+        f"SmolLM2-135M, {sizing.VLLM_START_S['cpu'][1]['regeneration']:g} s",
+        "(regeneration {:.1f} s + bytes / 1.5 GB/s, extraction {:.1f} s + bytes / 1.5 GB/s)".format(
+            *(sizing.vllm_start_s(sizing.LLAMA_8B, stage, "cuda", float("inf")) for stage in ("regeneration", "extraction"))),
         "CPU: trained {trained:g}, untrained {untrained:g}".format(**sizing.SPECULATIVE_SPEEDUP["cpu"]),
         "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
         "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),
