@@ -244,8 +244,8 @@ def test_a_vllm_jobs_start_is_the_slowest_engine_start_its_record_measured():
     # a larger target: its extra weights at the load rate (or the filesystem's), the engine's part as measured
     extra = sizing.LLAMA_70B.weights_bytes - sizing.LLAMA_8B.weights_bytes
     for rate in (sizing.LOAD_BYTES_PER_S, 1e9):
-        grown = sizing.vllm_start_s(sizing.LLAMA_70B, "extraction", "cuda", rate) - sizing.vllm_start_s(sizing.LLAMA_8B, "extraction", "cuda", rate)
-        assert grown == pytest.approx(extra / rate)
+        larger, smaller = (sizing.vllm_start_s(shape, "extraction", "cuda", rate) for shape in (sizing.LLAMA_70B, sizing.LLAMA_8B))
+        assert larger - smaller == pytest.approx(extra / rate)
 
 
 def test_the_config_is_checked_against_the_targets_shape(tiny_model, workdir):
