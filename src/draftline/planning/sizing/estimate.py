@@ -26,9 +26,12 @@ each estimate's `basis` says which is which (docs/sizing.md has the table and th
 - regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
   at the vLLM backend's extraction rate (regeneration runs vLLM whichever backend extracts):
   `regenerated_tokens` bounds both by the turns and the context.
-- CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
-  regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
-  the CPU scaled by FLOPs per token the same way.
+- CPU (1 core, float32, SmolLM2-135M), **assumed**: regeneration ~120 tok/s, extraction ~250 tok/s,
+  training ~240 tok/s (AdamW), from an early hand-noted run that no record in the repo holds. What
+  checks them: with them the estimate bounds every stage of the embedded default's recorded run
+  (benchmarks/results/default_acceptance.json, tests/test_presets.py); the nearest record,
+  benchmarks/results/extraction_vs_prefill_smollm2.md, extracted at 195 tok/s (1 vLLM thread, on a
+  loaded machine). Other targets on the CPU scaled by FLOPs per token the same way.
 - each vLLM job's start (VLLM_START_S): the stage's own engine start measured on the 8B shape on one
   H100 (vLLM 0.26.0, a fresh process each; the slowest of each stage's: regeneration 87.3 s,
   extraction 73.1 s; benchmarks/cuda/results/h100_8b_vllm_rates_256rows.md, within the 33-87 s of it
@@ -75,7 +78,8 @@ VLLM_START_S = {
     "cuda": (LLAMA_8B, {"regeneration": 87.3, "extraction": 73.1}),
     "cpu": (SMOLLM2_135M, {"regeneration": 27.2, "extraction": 27.2}),
 }
-# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): measured rates and its FLOPs/token
+# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): assumed rates (no record holds them: the
+# docstring above says what checks them), scaled to other targets by FLOPs/token
 CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # Evaluation's rate with each draft over the target alone's (speculative decoding's speed-up).
 # CPU, measured: the embedded default's evaluation, the lowest over its sets, rounded down (trained
@@ -295,8 +299,8 @@ def _basis(device: str, measured: dict | None, backend: str = "vllm") -> str:
             "bound on an H200); speculative decoding assumed no slower than the target alone with a trained "
             "draft, measured on CUDA only with a 135M target"
             if device == "cuda" else
-            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token; evaluation at the "
-            "speculative-decoding rates measured on it"
+            "CPU: 1-core rates assumed for SmolLM2-135M (no record yet; they bound the embedded default's "
+            "recorded run), scaled by FLOPs per token; evaluation at the speculative-decoding rates measured on it"
         )
     figures = []
     if "regeneration_tokens_per_s" in measured:
@@ -309,7 +313,7 @@ def _basis(device: str, measured: dict | None, backend: str = "vllm") -> str:
         figures.append(f"start-up {max(loads):.0f} s per vLLM job")
     gpus = measured.get("gpus_per_job") or 1
     training = ("training measured on the 8B shape (H200), scaled by draft size" if device == "cuda" else
-                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")
+                "training: the 1-core rate assumed for SmolLM2-135M, scaled by FLOPs per token")
     rest = [s for s in ("regeneration", "extraction") if f"{s}_tokens_per_s" not in measured]
     assumed = f"; {' and '.join(rest)} as without it" if rest else ""
     jobs = f", jobs of {gpus} GPU(s)" if device == "cuda" else ""
