@@ -98,6 +98,20 @@ def test_a_cuda_records_versions_name_vllm_where_it_is_importable(harness, monke
     assert "vllm" not in common.versions() and harness.vllm_version() is None
 
 
+def test_a_cuda_records_spread_over_its_rounds_is_called_a_range():
+    """bench_cuda.py's page gives a median with its min-max over the rounds as a range of N rounds, never
+    in brackets as if it were an interval (a bootstrap's, as the acceptance figures have)."""
+    sys.path.insert(0, str(CUDA))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(CUDA))
+    page = report.markdown(json.loads((CUDA / "results" / "h100_8b_vllm_rates_256rows.json").read_text()))
+    assert "| stage_vllm / plain_prefill | **0.939** | 0.938-0.955 (min-max of 3 rounds) | [1, 2, 3] |" in page
+    assert "| 256 | **16,131** | 16,070-16,193 (min-max of 2 rounds) |" in page
+    assert "| min | median | max |" not in page
+
+
 def test_a_dirty_path_is_named_in_the_commit(harness, tmp_path):
     # tracked files under the path differ from the commit: the record says so and which path
     probe = REPO / "benchmarks" / "record_run.py"
