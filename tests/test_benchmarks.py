@@ -1,7 +1,7 @@
 """The benchmarks are small tools on one harness (benchmarks/record_run.py): every record carries
 the command, commit, versions, machine, load and date the same way, and each tool starts
 (`--help`) without a GPU. benchmarks/cuda/bench_cuda.py is split by what it measures; its
-arguments and the measurements it offers are what docs/gpu.md and its recorded commands use."""
+arguments and the measurements it offers are what its records and benchmarks/cuda/results/README.md's commands use."""
 
 import importlib.machinery
 import importlib.metadata
