@@ -192,12 +192,13 @@ def summarize(record: dict) -> None:
 
 def markdown(r: dict) -> str:
     def fmt(d: dict) -> str:
-        return f"**{d['median']}** [{d['min']}, {d['max']}] (n={d['n']})"
+        # a min-max over a few repeats is a range, not an interval: say so
+        return f"**{d['median']}** (range {d['min']}-{d['max']}, min-max of {d['n']} repeats)"
 
     lines = ["# Hidden states: fp8 vs full, online vs offline, paired (benchmarks/hidden_state_modes.py)", "",
              f"The pipeline's own stage functions on the first {r['rows']} rows of the embedded default's "
              f"tokenized data, {r['repeats']} repeats, both (all three) sides back to back in each repeat, the "
-             "order rotating; the ratio of each repeat's pair, median [min, max] over the repeats.", ""]
+             "order rotating; the ratio of each repeat's pair, its median and range (min-max) over the repeats.", ""]
     s = r.get("summary", {})
     if s:
         lines += ["| ratio | tokens/s | wall s of the call |", "|---|---|---|"]

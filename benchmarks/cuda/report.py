@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def spread(m: dict, unit: str = "rounds", fmt: str = ",.0f") -> str:
+    """The median in bold and its range: a min-max over so few rounds is a range, not an interval."""
+    return f"**{m['median']:{fmt}}** | {m['min']:{fmt}}-{m['max']:{fmt}} (min-max of {m['n']} {unit})"
+
+
 def markdown(data: dict) -> str:
     m, s = data["meta"], data["stages"]
     lines = [f"# CUDA benchmark ({m['size']})", "", f"- command: `{m['command']}`", f"- GPU: {m['gpu']}",
@@ -122,11 +127,10 @@ def markdown_extraction(s: dict) -> list[str]:
         lines += ["## Like-for-like variants (one process, warm, alternating)", "",
                   f"{v['rounds']} rounds, {v['batches']} batches of <= {v['batch_tokens']} padded tokens, {v['tokens']:,} "
                   f"tokens ({v['padded_tokens']:,} padded); order: {', '.join(v['order'])}", "",
-                  "| variant | tokens/s min | median | max | median / limit | GB/s written (median) |", "|---|---|---|---|---|---|"]
+                  "| variant | tokens/s median | range | median / limit | GB/s written (median) |", "|---|---|---|---|---|"]
         for k, m in v["summary"].items():
             gb = m.get("gb_per_s_written", {}).get("median", "")
-            lines.append(f"| {k} | {m['min']:,.0f} | **{m['median']:,.0f}** | {m['max']:,.0f} | "
-                         f"{m['median'] / lim if lim else 0:.2f} | {gb} |")
+            lines.append(f"| {k} | {spread(m)} | {m['median'] / lim if lim else 0:.2f} | {gb} |")
         lines.append("")
     return lines
 
@@ -154,13 +158,13 @@ def markdown_rates(s: dict) -> list[str]:
                              f"{x.get('steady_s', '-')} | {phases or '-'} | "
                              f"{x['tokens_per_wall_s']:,.0f} | {x['load_s']} | {x['call_wall_s']} | "
                              f"{x.get('process_wall_s')} |")
-        lines += ["", "| variant | steady tokens/s min | median | max | median / limit |", "|---|---|---|---|---|"]
+        lines += ["", "| variant | steady tokens/s median | range | median / limit |", "|---|---|---|---|"]
         for k, m in v["summary"].items():
             t = m["tokens_per_s"]
-            lines.append(f"| {k} | {t['min']:,.0f} | **{t['median']:,.0f}** | {t['max']:,.0f} | {frac(t['median'])} |")
-        lines += ["", "| paired ratio (same round) | min | median | max | rounds |", "|---|---|---|---|---|"]
+            lines.append(f"| {k} | {spread(t)} | {frac(t['median'])} |")
+        lines += ["", "| paired ratio (same round) | median | range | rounds |", "|---|---|---|---|"]
         for k, r in v["paired_ratios"].items():
-            lines.append(f"| {k} | {r['min']} | **{r['median']}** | {r['max']} | {r['rounds']} |")
+            lines.append(f"| {k} | {spread(r, fmt='.3f')} | {r['rounds']} |")
         lines += ["", f"Goal (stage / plain prefill >= {v['goal']}): **{v['goal_verdict']}**"
                   + ("" if lim else "; no fraction of the compute limit (no matmul rate measured: not on CUDA)"), ""]
         if v.get("errors"):
@@ -176,10 +180,9 @@ def markdown_rates(s: dict) -> list[str]:
         for x in g["runs"]:
             lines.append(f"| {x['round']} | {x['batch']} | {x['tokens_per_second']} | {x['generated_tokens']} | "
                          f"{x['seconds']} | {x['answers_truncated']} of {x['turns_generated']} |")
-        lines += ["", "| batch | tokens/s min | median | max |", "|---|---|---|---|"]
+        lines += ["", "| batch | tokens/s median | range |", "|---|---|---|"]
         for b, m in g["summary"].items():
-            t = m["tokens_per_s"]
-            lines.append(f"| {b} | {t['min']:,.0f} | **{t['median']:,.0f}** | {t['max']:,.0f} |")
+            lines.append(f"| {b} | {spread(m['tokens_per_s'])} |")
         decode = s.get("compute_limit", {}).get("decode_fraction")
         if decode:
             lines += ["", f"As sizing's decoding fraction ({decode['formula']}): "

