@@ -22,12 +22,13 @@ progress line (bytes, rate, time left) on the planning machine's terminal.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from draftline.lineage.content_hash import _ALWAYS_READ, HashCache, sha256_file
 
@@ -64,11 +65,12 @@ def _read(path: Path) -> dict[str, str]:
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock beside `path` (flock; where the filesystem refuses it, none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:
-            pass
+    lock = FileLock(path.with_name(f".{path.name}.lock"), fallback_to_soft=False)
+    try:
+        held = lock.acquire()
+    except OSError:
+        held = contextlib.nullcontext()
+    with held:
         yield
 
 
