@@ -12,6 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from draftline.planning import rule_params as plan
 
 
@@ -69,10 +71,9 @@ def driver_versions() -> tuple[str | None, str | None]:
 
 def _host_available() -> int | None:
     try:
-        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+        return psutil.virtual_memory().available  # Linux: MemAvailable
     except OSError:
         return None
-    return int(found[1]) * 1024 if found else None
 
 
 def probe(claim_error: str | None = None) -> Node:
