@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 from filelock import lock_descriptor
+
+from draftline.runtime import nvidia
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,7 @@ def _machine_gpu_count() -> int:
     proc = Path("/proc/driver/nvidia/gpus")
     if proc.is_dir():
         return sum(1 for _ in proc.iterdir())
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return 0
+    return nvidia.gpu_count()
 
 
 def _lock_dir() -> Path:
