@@ -6,17 +6,12 @@
 It runs exactly what `python -m speculators.train` runs (`cli.main(TrainConfig.resolve())`),
 after these narrow additions, each attribute it replaces named with why in
 `speculators_patches.PATCHES` (and replaced through its `replace`):
-- CPU shims, only when no accelerator exists: speculators 0.9.0 assumes one. Its trainer
-  moves the model to `get_local_rank()` (0 = cuda:0), its step timer calls
-  `torch.accelerator.synchronize()`, and its checkpointer loads a resumed checkpoint onto
-  `get_current_device()` ("cuda:0" without an accelerator).
+- CPU shims, only when no accelerator exists: speculators 0.9.0 assumes one (its Trainer's
+  device, its step timer's synchronize, its checkpointer's device for a resume).
 - torch intra-op threads = $DRAFTLINE_TORCH_THREADS (the job's threads).
 - online hidden states ($DRAFTLINE_HS_LOCK_TIMEOUT_S set): hs_connectors' `wait_for_lock`, which
   the file transfer calls before reading each sample the server wrote, waits that long instead
-  of its fixed 10 s. vLLM's connector holds the file's lock until the write ends and drops it
-  when its process dies, so a longer wait cannot hang on a dead server; on a loaded CPU machine
-  the write took longer than 10 s for 10 of 61 samples, each then recomputed ("Timed out
-  waiting for lock").
+  of its fixed 10 s ("Timed out waiting for lock": the sample was then recomputed).
 - every metrics record speculators logs (per step: loss, tokens/s; per epoch: val loss) is
   appended as one JSON line to $DRAFTLINE_METRICS_PATH (rank 0), and summarised as
   progress lines on stdout (`step N/M`, epochs counted from 1, the time left); speculators'
