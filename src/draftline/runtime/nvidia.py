@@ -1,6 +1,8 @@
 """The NVIDIA driver's answers without starting CUDA (`gpu_count`, `driver_versions`): NVML
 through nvidia-ml-py (`pynvml`) where it is installed (the GPU locks have it), else nvidia-smi's
-output (the CPU environment has no nvidia-ml-py; nvidia-smi is absent on a machine without GPUs)."""
+output (the CPU environment has no nvidia-ml-py; nvidia-smi is absent on a machine without GPUs).
+On an H100 node (nvidia-ml-py 13.610.43, driver 580.159.04) NVML answered what libcuda, the
+kernel module and nvidia-smi did: CUDA 13.0, 580.159.04, 1 GPU."""
 
 from __future__ import annotations
 
