@@ -17,17 +17,6 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
         (snakemake.wildcards.prompt_set, snakemake.params.source),
         ("trained", snakemake.input.draft),
         snakemake.output.acceptance,
-        snakemake.params.engine.stage(  # the run's vLLM settings (draftline.runtime.vllm_engine.engine_settings)
-            EvaluateSettings,
-            num_speculative_tokens=snakemake.params.num_speculative_tokens,
-            max_new_tokens=snakemake.params.max_new_tokens,
-            max_prompts=snakemake.params.max_prompts,
-            per_prompt_counts=snakemake.params.per_prompt_counts,
-            batch1_prompts=snakemake.params.batch1_prompts,
-            seed=snakemake.params.seed,
-            chat_template=snakemake.params.chat_template,
-            chat_template_kwargs=snakemake.params.chat_template_kwargs,
-            threads=snakemake.threads,
-        ),
+        EvaluateSettings.from_params(snakemake.params, snakemake.threads),
     )
     write_provenance(snakemake, sidecar(snakemake.output.acceptance))  # results/eval/sets/<set>.provenance.json

@@ -324,7 +324,7 @@ NOT_FINAL = {
     ("training.py", "step_inputs"), ("training_entry.py", "main"),
     # the per-user cache of target hashes (no output; save() writes a temporary file, then renames),
     # saved by the plan once it identified the target
-    ("target_hash_cache.py", "_locked"), ("target_hash_cache.py", "hash_ahead"), ("plan.py", "_resolve_target"),
+    ("target_hash_cache.py", "hash_ahead"), ("plan.py", "_resolve_target"),
 }
 WRITES = {"write_text", "write_bytes", "save", "save_file", "save_to_disk", "save_pretrained", "dump"}
 

@@ -514,8 +514,8 @@ def test_a_second_run_folder_hashes_nothing_the_first_one_hashed(tiny_model, tmp
     from draftline.lineage.target_hash_cache import SharedHashCache, local_target_files
 
     read = []
-    real = target_hashes._sha256
-    monkeypatch.setattr(target_hashes, "_sha256", lambda p, progress=None: read.append(p.name) or real(p, progress))
+    real = target_hashes.sha256_file
+    monkeypatch.setattr(target_hashes, "sha256_file", lambda p, progress=None: read.append(p.name) or real(p, progress))
     model = copy_model(tiny_model, tmp_path / "model")
     spec = resolve_target(str(model), repo_root=tmp_path)
     shared = tmp_path / "user-cache" / "target_hashes.json"
@@ -548,7 +548,6 @@ def test_hashing_a_big_target_says_so_with_its_progress(tmp_path, monkeypatch):
         (folder / f"model-{i}.safetensors").write_bytes(os.urandom(3 << 20))
     monkeypatch.setattr(target_hashes, "PROGRESS_MIN_BYTES", 8 << 20)
     monkeypatch.setattr(target_hashes, "PROGRESS_EVERY_S", 0.0)
-    monkeypatch.setattr(target_hashes, "BLOCK", 1 << 20)
     lines = []
     cache = target_hashes.SharedHashCache(tmp_path / "run/hash_cache.json", tmp_path / "user/target_hashes.json")
     cache.hash_ahead(sorted(folder.iterdir()), f"the target folder {folder}", lines.append)

@@ -479,3 +479,28 @@ def test_the_run_keys_target_is_the_plans_identity_or_the_folders_content(tmp_pa
     data[len(data) // 2] ^= 1
     weights.write_bytes(bytes(data))
     assert input_fingerprints(TrainInputs(**base), server)["target"] != by_content
+
+
+def test_every_place_draftline_reaches_inside_speculators_is_named_and_still_there():
+    """speculators_patches names each attribute the Trainer's entry point replaces and each private
+    name relied on; after an upgrade, a renamed one fails here, not in a training job. An
+    attribute not in the table is refused."""
+    import ast
+
+    from draftline.stages.train import speculators_patches as patches
+
+    for patch in patches.PATCHES + patches.PRIVATE:
+        assert patches.current(patch.target) is not None, patch.target
+        module, _, function = patch.by.rpartition(".")
+        assert function in {n.name for n in ast.walk(ast.parse((REPO / "src/draftline" / f"{module.replace('.', '/')}.py")
+                                                             .read_text())) if isinstance(n, ast.FunctionDef)}, patch.by
+    # every replace() call in the source names a target of the table
+    named = set()
+    for path in (REPO / "src/draftline").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "replace" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                named.add(node.args[0].value)
+    assert named == {p.target for p in patches.PATCHES}
+    with pytest.raises(KeyError, match="name it there, with why"):
+        patches.replace("speculators.train.cli:main", None)

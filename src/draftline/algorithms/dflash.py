@@ -3,15 +3,15 @@ it predicts a whole block of tokens in one forward pass (the anchor token plus `
 masked positions), instead of one token per pass as EAGLE-3 does; vLLM serves it with method
 `dflash`. It reads the same hidden-state files as EAGLE-3 (aux layers + the last layer).
 
-The config is speculators' own: `create_transformer_layer_config` from the verifier (the decoder
-the Trainer builds for a fresh draft) and `DFlashDraftModel._build_base_config_kwargs` (the
-fields `from_training_args` sets), with the mask token resolved as the Trainer resolves it.
+The config is speculators' own, as `speculators train` builds a fresh draft
+(`eagle3.training_config`): `create_transformer_layer_config` from the verifier, the mask token
+resolved as the Trainer resolves it, then `DFlashDraftModel.from_training_args`.
 """
 
 from __future__ import annotations
 
 from draftline.algorithms import ConfigFacts, DraftSettings, FusedAuxDraft
-from draftline.algorithms.eagle3 import resolve_train_args, transformer_layer_config
+from draftline.algorithms.eagle3 import training_config
 
 
 class DFlash(FusedAuxDraft):
@@ -22,15 +22,8 @@ class DFlash(FusedAuxDraft):
 
     def build_config(self, target: str, aux: list[int], draft_vocab_size: int, settings: DraftSettings,
                      trust_remote_code: bool = False):
-        from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
-        from speculators.train.utils import resolve_mask_token_id
-
-        args = resolve_train_args(target, aux, draft_vocab_size, settings, self.name, trust_remote_code,
-                                  extra=["--block-size", str(settings.block_size)])
-        layer = transformer_layer_config(target, args, trust_remote_code)
-        args["mask_token_id"] = resolve_mask_token_id(target, layer.vocab_size, args.get("mask_token_id"),
-                                                      trust_remote_code=trust_remote_code)
-        return DFlashSpeculatorConfig(**DFlashDraftModel._build_base_config_kwargs(self.name, layer, **args))
+        return training_config(self, target, aux, draft_vocab_size, settings, trust_remote_code,
+                               extra=["--block-size", str(settings.block_size)])
 
     def trainer_args(self, settings: DraftSettings, facts: ConfigFacts) -> list[str]:
         # The block size and mask token come from the config (--from-pretrained).

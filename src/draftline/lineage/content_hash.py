@@ -16,19 +16,33 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # Files this small are always re-read: cheaper than trusting a stat key.
 _ALWAYS_READ = 1 << 20
 
 
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: str | Path, progress: Callable[[int], None] | None = None) -> str:
+    """The sha256 of a file's bytes; `progress(n)` after each read of n bytes, where given."""
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle if progress is None else _Reporting(handle, progress), "sha256").hexdigest()
+
+
+class _Reporting:
+    """A binary file that tells `progress` what each read gave (file_digest reads with readinto)."""
+
+    def __init__(self, handle, progress: Callable[[int], None]):
+        self._handle, self._progress = handle, progress
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._handle.readinto(buffer)
+        if n:
+            self._progress(n)
+        return n
 
 
 class HashCache:

@@ -22,22 +22,21 @@ progress line (bytes, rate, time left) on the planning machine's terminal.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from draftline.lineage.content_hash import _ALWAYS_READ, HashCache
+from filelock import FileLock
+
+from draftline.lineage.content_hash import _ALWAYS_READ, HashCache, sha256_file
 
 SHARED_FILE = "target_hashes.json"
 RUN_FILE = ".snakemake/draftline/hash_cache.json"  # relative to the run folder (a job's working folder)
 # Above this many bytes still to hash, the plan says so and reports progress.
 PROGRESS_MIN_BYTES = 1 << 30
 PROGRESS_EVERY_S = 15.0
-BLOCK = 1 << 22
 
 
 def user_cache_dir() -> Path:
@@ -66,11 +65,12 @@ def _read(path: Path) -> dict[str, str]:
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock beside `path` (flock; where the filesystem refuses it, none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:
-            pass
+    lock = FileLock(path.with_name(f".{path.name}.lock"), fallback_to_soft=False)
+    try:
+        held = lock.acquire()
+    except OSError:
+        held = contextlib.nullcontext()
+    with held:
         yield
 
 
@@ -92,7 +92,7 @@ class SharedHashCache(HashCache):
             return super().sha256(path)  # read every time: cheaper than trusting a stat key
         key = stat_key(path)
         if key not in self._entries:
-            self._remember(key, _sha256(path))
+            self._remember(key, sha256_file(path))
         elif key not in self._in_run_folder:  # from the user's cache: the run folder keeps it too
             self._remember(key, self._entries[key])
         return self._entries[key]
@@ -128,7 +128,7 @@ class SharedHashCache(HashCache):
                        f"{_duration((total - done) / rate)} left")
 
         for path, key, _ in todo:
-            self._remember(key, _sha256(path, progress))
+            self._remember(key, sha256_file(path, progress))
             self.save()  # a plan stopped half-way keeps what it hashed
         if loud:
             report(f"hashed {what}: {_gb(total)} in {_duration(time.monotonic() - start)}")
@@ -161,16 +161,6 @@ def _current(entries: dict[str, str]) -> dict[str, str]:
             return False
 
     return {key: digest for key, digest in entries.items() if still(key)}
-
-
-def _sha256(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(BLOCK), b""):
-            digest.update(block)
-            if progress is not None:
-                progress(len(block))
-    return digest.hexdigest()
 
 
 def _gb(n: float) -> str:

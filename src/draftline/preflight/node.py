@@ -7,12 +7,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from draftline.planning import rule_params as plan
+from draftline.runtime import nvidia
+from draftline.runtime.nvidia import cuda_version
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,6 @@ class Node:
     claim_error: str | None = None  # devices.claim_gpus refused the job's GPUs
 
 
-def cuda_version(value: int) -> str:
-    """cuDriverGetVersion's number as a version: 12040 -> "12.4"."""
-    return f"{value // 1000}.{value % 1000 // 10}"
-
-
 def module_version(text: str) -> str | None:
     """The driver's version in /proc/driver/nvidia/version ("... Kernel Module  550.54.15 ...",
     the open modules "... Open Kernel Module for x86_64  580.159.04 ...")."""
@@ -45,8 +42,9 @@ def module_version(text: str) -> str | None:
 
 def driver_versions() -> tuple[str | None, str | None]:
     """(the CUDA version the NVIDIA driver supports, the driver's version) without starting
-    CUDA: libcuda's cuDriverGetVersion and the kernel module's version, else nvidia-smi's header
-    (the same answers on an H200 node: benchmarks/cuda/results/h200_preflight_probe.md)."""
+    CUDA: libcuda's cuDriverGetVersion and the kernel module's version, else NVML's (nvidia-smi's
+    header where nvidia-ml-py is not installed; the same answers on an H200 node:
+    benchmarks/cuda/results/h200_preflight_probe.md)."""
     cuda = driver = None
     try:
         value = ctypes.c_int()
@@ -57,22 +55,17 @@ def driver_versions() -> tuple[str | None, str | None]:
     module = Path("/proc/driver/nvidia/version")
     if module.is_file():
         driver = module_version(module.read_text())
-    if (cuda is None or driver is None) and shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        cuda = cuda or (m[1] if (m := re.search(r"CUDA Version:\s*([\d.]+)", out)) else None)
-        driver = driver or (m[1] if (m := re.search(r"Driver Version:\s*([\d.]+)", out)) else None)
+    if cuda is None or driver is None:
+        asked_cuda, asked_driver = nvidia.driver_versions()
+        cuda, driver = cuda or asked_cuda, driver or asked_driver
     return cuda, driver
 
 
 def _host_available() -> int | None:
     try:
-        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+        return psutil.virtual_memory().available  # Linux: MemAvailable
     except OSError:
         return None
-    return int(found[1]) * 1024 if found else None
 
 
 def probe(claim_error: str | None = None) -> Node:

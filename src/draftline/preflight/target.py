@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}  # safetensors dtypes vLLM casts to the engine dtype
+# safetensors dtypes vLLM casts to the engine dtype, and their bytes per value
+FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 
 
 @dataclass(frozen=True)
@@ -33,23 +34,26 @@ class TargetUnreadable(ValueError):
     """The target folder cannot be read as the stages will read it."""
 
 
-def _safetensors_header(path: Path) -> dict:
-    """A safetensors file's header, checked against the file's size (a partial download or copy
-    is shorter than its header says)."""
-    with open(path, "rb") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        if not 0 < size < 100 * 1024**2:
-            raise TargetUnreadable(f"{path}: not a safetensors file (header size {size}); fetch it again")
-        header = json.loads(handle.read(size))
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    end = max((t["data_offsets"][1] for t in tensors.values()), default=0)
-    actual = path.stat().st_size
-    if actual < 8 + size + end:
+def _tensor_sizes(path: Path) -> tuple[int, int]:
+    """(values in floating-point tensors, bytes of the other tensors) of a safetensors file, from
+    its header as safetensors reads it: it refuses a file its header does not cover to the byte
+    (a partial download or copy), as vLLM's loader will."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "pt") as weights:
+            tensors = [(t.get_dtype(), math.prod(t.get_shape())) for t in map(weights.get_slice, weights.keys())]
+    except SafetensorError as error:
         raise TargetUnreadable(
-            f"{path}: {actual:,} bytes, but its header lists {8 + size + end:,}: a partial download or copy; "
-            "fetch the target again (hf download <id> --revision <commit>)"
-        )
-    return tensors
+            f"{path}: {path.stat().st_size:,} bytes that safetensors cannot read ({error}): a partial download or "
+            "copy; fetch the target again (hf download <id> --revision <commit>)"
+        ) from None
+    # The tensors fill the file after its header (safetensors checked it), whose length is the
+    # file's first 8 bytes: the other tensors hold what the floating-point ones leave.
+    with open(path, "rb") as handle:
+        data = path.stat().st_size - 8 - int.from_bytes(handle.read(8), "little")
+    floats = [(n, FLOAT_DTYPES[dtype]) for dtype, n in tensors if dtype in FLOAT_DTYPES]
+    return sum(n for n, _ in floats), data - sum(n * size for n, size in floats)
 
 
 def read_target(target_dir: str | Path, trust_remote_code: bool = False) -> TargetFacts:
@@ -75,13 +79,7 @@ def read_target(target_dir: str | Path, trust_remote_code: bool = False) -> Targ
                                    "an unfinished download; fetch the target again")
     if not files:
         raise TargetUnreadable(f"{folder}: no *.safetensors weights (the hidden-state check and speculators read them)")
-    parameters = other = 0
-    for path in files:
-        for tensor in _safetensors_header(path).values():
-            start, stop = tensor["data_offsets"]
-            if tensor["dtype"] in FLOAT_DTYPES:
-                parameters += math.prod(tensor["shape"])
-            else:
-                other += stop - start
+    sizes = [_tensor_sizes(path) for path in files]
+    parameters, other = sum(p for p, _ in sizes), sum(o for _, o in sizes)
     return TargetFacts(str(folder), shape.hidden_size, shape.num_hidden_layers, len(files), parameters, other,
                        tokenizer.chat_template is not None)

@@ -20,17 +20,16 @@ from draftline.preflight.training import RANKS_ENV
 
 def record_backend(seen: dict) -> None:
     """Read the backend right after speculators sets up its process group (it destroys it at the end)."""
-    import speculators.train.cli as cli
     import torch.distributed as dist
 
-    real = cli.maybe_setup_distributed
+    from draftline.stages.train.speculators_patches import replace
 
     def maybe_setup_distributed(*args, **kwargs):
         real(*args, **kwargs)
         if dist.is_initialized():
             seen["backend"], seen["world_size"] = dist.get_backend(), dist.get_world_size()
 
-    cli.maybe_setup_distributed = maybe_setup_distributed
+    real = replace("speculators.train.cli:maybe_setup_distributed", maybe_setup_distributed)
 
 
 def peak_memory() -> tuple[int, str]:

@@ -1,7 +1,7 @@
 """What every job runs with, whatever its stage: vLLM engines and their settings (`vllm_engine`),
-the GPUs a job may use (`devices`), atomic publishing of outputs (`atomic`), the job's log
-(`logs`) and which shard of a sharded stage a job is (`shards`); and the PYTHONPATH of the
-processes a job starts (below)."""
+the GPUs a job may use (`devices`) and what the NVIDIA driver says of them (`nvidia`), atomic
+publishing of outputs (`atomic`), the job's log (`logs`) and which shard of a sharded stage a job
+is (`shards`); and the PYTHONPATH of the processes a job starts (below)."""
 
 from __future__ import annotations
 

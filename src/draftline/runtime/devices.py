@@ -18,13 +18,14 @@ Faking a GPU count (tests, or to cap the pool): DRAFTLINE_GPU_COUNT=n. The lock 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
+
+from filelock import lock_descriptor
+
+from draftline.runtime import nvidia
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,7 @@ def _machine_gpu_count() -> int:
     proc = Path("/proc/driver/nvidia/gpus")
     if proc.is_dir():
         return sum(1 for _ in proc.iterdir())
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return 0
+    return nvidia.gpu_count()
 
 
 def _lock_dir() -> Path:
@@ -80,10 +78,12 @@ def _lock_dir() -> Path:
 
 
 def _try_lock(path: Path) -> int | None:
+    # filelock's lock on a descriptor of our own, not its FileLock: that one opens the file for
+    # writing (another user's lock file here is read-only to us), refuses a file a third user made
+    # in this sticky folder, and closes the descriptor in a forked child, where vLLM's forked
+    # workers keep holding the device until they exit.
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not lock_descriptor(fd, blocking=False):
         os.close(fd)
         return None
     return fd

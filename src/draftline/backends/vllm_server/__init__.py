@@ -23,7 +23,7 @@ the server also gets SIGTERM if the job process dies without cleaning up (PR_SET
 One module per idea:
 - settings: how the server loads the target (ServerSettings)
 - command: its port, command line and environment (free_port, server_command, cli_flags, server_env)
-- process_group: its processes, read from /proc (group_alive, group_listens_on)
+- process_group: its processes, read through psutil (group_alive, group_listens_on)
 - server: its lifetime, a `with` block (VllmServer, ServerError)
 - client: hidden states asked of it as the Trainer asks (request_states)
 """

@@ -1,12 +1,14 @@
-"""The server's process group, read from /proc: which of its processes still run (group_alive),
-whether one of them listens on a port (group_listens_on), signals to all of them (signal_group),
-and SIGTERM to the server when the job process dies (die_with_parent)."""
+"""The server's process group, read through psutil: which of its processes still run
+(group_alive), whether one of them listens on a port (group_listens_on), signals to all of them
+(signal_group), and SIGTERM to the server when the job process dies (die_with_parent)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
+from collections.abc import Iterator
+
+import psutil
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -20,24 +22,21 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 
 
 def signal_group(pgid: int, sig: int) -> None:
+    # killpg: the whole group at once (psutil signals one process at a time)
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
 
 
-def group_members(pgid: int):
-    """/proc entries of the group's running processes (zombies of exited members left out)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def group_members(pgid: int) -> Iterator[psutil.Process]:
+    """The group's running processes (zombies of exited members left out)."""
+    for proc in psutil.process_iter():
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                yield proc
+        except (psutil.Error, OSError):  # it exited meanwhile
             continue
-        # fields after the name: state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            yield entry
 
 
 def group_alive(pgid: int) -> bool:
@@ -45,36 +44,13 @@ def group_alive(pgid: int) -> bool:
     return next(group_members(pgid), None) is not None
 
 
-def listening_sockets(port: int) -> set[str]:
-    """`socket:[inode]` of every TCP socket listening on `port` (IPv4 or IPv6), from /proc/net."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl, local_address (hex ip:port), rem_address, st (0A = LISTEN), ..., inode (10th)
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                found.add(f"socket:[{fields[9]}]")
-    return found
-
-
 def group_listens_on(pgid: int, port: int) -> bool:
-    """Whether a process of the group holds the socket listening on `port`."""
-    sockets = listening_sockets(port)
-    if not sockets:
-        return False
-    for entry in group_members(pgid):
+    """Whether a process of the group holds a TCP socket (IPv4 or IPv6) listening on `port`."""
+    for proc in group_members(pgid):
         try:
-            fds = list((entry / "fd").iterdir())
-        except OSError:
+            sockets = proc.net_connections(kind="tcp")
+        except psutil.Error:
             continue
-        for fd in fds:
-            try:
-                if os.readlink(fd) in sockets:
-                    return True
-            except OSError:
-                continue
+        if any(s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port for s in sockets):
+            return True
     return False

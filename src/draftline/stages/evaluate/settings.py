@@ -21,3 +21,21 @@ class EvaluateSettings(EngineSettings):
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_params(cls, params, threads: int) -> EvaluateSettings:
+        """What an evaluation job is given (rules/evaluate.smk's EVALUATION_PARAMS): the run's vLLM
+        settings (`params.engine`: draftline.runtime.vllm_engine.engine_settings) with the
+        `evaluate:` block's own, and the job's threads."""
+        return params.engine.stage(
+            cls,
+            num_speculative_tokens=params.num_speculative_tokens,
+            max_new_tokens=params.max_new_tokens,
+            max_prompts=params.max_prompts,
+            per_prompt_counts=params.per_prompt_counts,
+            batch1_prompts=params.batch1_prompts,
+            seed=params.seed,
+            chat_template=params.chat_template,
+            chat_template_kwargs=params.chat_template_kwargs,
+            threads=threads,
+        )

@@ -32,6 +32,7 @@ One module per job, as speculators splits its own `speculators.train`:
 - online: the online hidden-state server's part (its settings, the fidelity check)
 - publish: the skipped samples, the chosen epoch, final/ and its provenance
 - job: `train()`, the step from end to end
+- speculators_patches: every attribute of speculators the Trainer's entry point replaces, and why
 """
 
 from draftline.stages.train.args import TrainerOptions, launch_command, speculators_args

@@ -4,18 +4,14 @@
     torchrun --nproc_per_node N -m draftline.stages.train.entry <flags>         # N GPUs
 
 It runs exactly what `python -m speculators.train` runs (`cli.main(TrainConfig.resolve())`),
-after three narrow additions:
-- CPU shims, only when no accelerator exists: speculators 0.9.0 assumes one. Its trainer
-  moves the model to `get_local_rank()` (0 = cuda:0), its step timer calls
-  `torch.accelerator.synchronize()`, and its checkpointer loads a resumed checkpoint onto
-  `get_current_device()` ("cuda:0" without an accelerator).
+after these narrow additions, each attribute it replaces named with why in
+`speculators_patches.PATCHES` (and replaced through its `replace`):
+- CPU shims, only when no accelerator exists: speculators 0.9.0 assumes one (its Trainer's
+  device, its step timer's synchronize, its checkpointer's device for a resume).
 - torch intra-op threads = $DRAFTLINE_TORCH_THREADS (the job's threads).
 - online hidden states ($DRAFTLINE_HS_LOCK_TIMEOUT_S set): hs_connectors' `wait_for_lock`, which
   the file transfer calls before reading each sample the server wrote, waits that long instead
-  of its fixed 10 s. vLLM's connector holds the file's lock until the write ends and drops it
-  when its process dies, so a longer wait cannot hang on a dead server; on a loaded CPU machine
-  the write took longer than 10 s for 10 of 61 samples, each then recomputed ("Timed out
-  waiting for lock").
+  of its fixed 10 s ("Timed out waiting for lock": the sample was then recomputed).
 - every metrics record speculators logs (per step: loss, tokens/s; per epoch: val loss) is
   appended as one JSON line to $DRAFTLINE_METRICS_PATH (rank 0), and summarised as
   progress lines on stdout (`step N/M`, epochs counted from 1, the time left); speculators'
@@ -42,6 +38,7 @@ import sys
 import time
 
 from draftline.artifacts import metrics
+from draftline.stages.train.speculators_patches import replace
 
 PROGRESS_EVERY_S = 10.0
 
@@ -54,32 +51,26 @@ def has_accelerator() -> bool:
 
 def apply_cpu_shims() -> None:
     """Let speculators' Trainer run on the CPU (no-ops where an accelerator exists)."""
-    import speculators.train.checkpointer as checkpointer
-    import speculators.train.trainer as trainer
     import torch
 
-    trainer.get_local_rank = lambda: "cpu"
-    checkpointer.get_current_device = lambda: "cpu"
-    real_synchronize = torch.accelerator.synchronize
+    replace("speculators.train.trainer:get_local_rank", lambda: "cpu")
+    replace("speculators.train.checkpointer:get_current_device", lambda: "cpu")
 
     def synchronize(device=None):
         if torch.accelerator.current_accelerator(check_available=True) is None:
             return None
         return real_synchronize(device)
 
-    torch.accelerator.synchronize = synchronize
+    real_synchronize = replace("torch:accelerator.synchronize", synchronize)
 
 
 def patch_lock_wait(timeout_s: float) -> None:
     """Wait up to `timeout_s` for each sample's write lock (see the module docstring)."""
-    import hs_connectors.transfer as transfer
-
-    real = transfer.wait_for_lock
 
     def wait_for_lock(lock_path, timeout=10.0, poll_interval=0.1):
         return real(lock_path, timeout=max(float(timeout), timeout_s), poll_interval=poll_interval)
 
-    transfer.wait_for_lock = wait_for_lock
+    real = replace("hs_connectors.transfer:wait_for_lock", wait_for_lock)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -92,9 +83,7 @@ def _worker_init(worker_id: int) -> None:
 
 def patch_lock_wait_in_workers() -> None:
     """The loader's workers are spawned: they get the patch through their init function."""
-    import speculators.train.dataloader as dataloader
-
-    dataloader._worker_init_fn = _worker_init
+    replace("speculators.train.dataloader:_worker_init_fn", _worker_init)
 
 
 def _progress(line: str) -> None:
@@ -197,9 +186,6 @@ class MetricsRecorder(logging.Handler):
 def install_metrics_recorder(path: str | None) -> MetricsRecorder:
     """Attach the recorder after speculators configures its metric logger (which resets it), and
     keep the records off the console (they stay in metrics.jsonl and speculators' own loggers)."""
-    import speculators.train.cli as cli
-
-    real_setup = cli.setup_metric_logger
     recorder = MetricsRecorder(path)
 
     def setup_metric_logger(*args, **kwargs):
@@ -209,7 +195,7 @@ def install_metrics_recorder(path: str | None) -> MetricsRecorder:
         if int(os.environ.get("RANK", "0")) == 0:
             metric_logger.addHandler(recorder)
 
-    cli.setup_metric_logger = setup_metric_logger
+    real_setup = replace("speculators.train.cli:setup_metric_logger", setup_metric_logger)
     return recorder
 
 
@@ -232,7 +218,7 @@ def install_step_counts(recorder: MetricsRecorder) -> None:
             recorder.current_epoch = epoch
             return super().val_epoch(epoch, *args, **kwargs)
 
-    cli.Trainer = Trainer
+    replace("speculators.train.cli:Trainer", Trainer)
 
 
 SKIPPED_KEY = "error_records"  # the collator's count of the samples it dropped from a batch
@@ -243,9 +229,6 @@ def install_skip_counter(recorder: MetricsRecorder) -> None:
     a wrapper of `BatchRecoveryCoordinator.consume`, the one call every training and validation
     batch makes before it is used, which reads the batch's `error_records` and then runs
     speculators' own consume unchanged."""
-    from speculators.train.recovery import BatchRecoveryCoordinator
-
-    real_consume = BatchRecoveryCoordinator.consume
     rank = int(os.environ.get("RANK", "0"))
     seen = {"training": 0, "validation": 0}
 
@@ -269,7 +252,7 @@ def install_skip_counter(recorder: MetricsRecorder) -> None:
             )
         return real_consume(self, batch, *args, **kwargs)
 
-    BatchRecoveryCoordinator.consume = consume
+    real_consume = replace("speculators.train.recovery:BatchRecoveryCoordinator.consume", consume)
 
 
 def ignore_repeated_sigterm() -> None:
@@ -282,23 +265,17 @@ def ignore_repeated_sigterm() -> None:
     import signal
     import threading
 
-    from speculators.train import graceful_shutdown
-
-    real_init = graceful_shutdown.GracefulShutdownHandler.__init__
-
     def __init__(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         self._lock = threading.RLock()
-
-    graceful_shutdown.GracefulShutdownHandler.__init__ = __init__
-    real_restore = graceful_shutdown.GracefulShutdownHandler.restore
 
     def restore(self):
         real_restore(self)
         if self._interrupted:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    graceful_shutdown.GracefulShutdownHandler.restore = restore
+    real_init = replace("speculators.train.graceful_shutdown:GracefulShutdownHandler.__init__", __init__)
+    real_restore = replace("speculators.train.graceful_shutdown:GracefulShutdownHandler.restore", restore)
 
 
 def quiet_cpu_warnings() -> None:
