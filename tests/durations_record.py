@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-SLOWEST = 60  # tests listed one by one; the files' table covers every test
+LISTED_FROM_S = 1.0  # tests this long or longer are listed one by one; the files' table counts every test
 
 
 @dataclass
@@ -44,7 +44,7 @@ def timed_tests(reports) -> list[TimedTest]:
     return list(tests.values())
 
 
-def markdown(tests: list[TimedTest], slowest: int = SLOWEST) -> str:
+def markdown(tests: list[TimedTest], listed_from: float = LISTED_FROM_S) -> str:
     if not tests:
         return "# Test durations\n\nNo test ran.\n"
     files: dict[str, list[TimedTest]] = defaultdict(list)
@@ -66,14 +66,15 @@ def markdown(tests: list[TimedTest], slowest: int = SLOWEST) -> str:
         rows.append((stop - start, f"| {name} | {workers} | {len(its)} | {stop - start:,.1f} | {start - begun:,.0f} | "
                                    f"{sum(t.seconds for t in its):,.1f} |"))
     lines += [row for _, row in sorted(rows, key=lambda r: -r[0])]
+    listed = [t for t in sorted(tests, key=lambda t: -t.seconds) if t.seconds >= listed_from]
     lines += [
         "",
-        f"Slowest {min(slowest, len(tests))} of {len(tests)} tests:",
+        f"The {len(listed)} of {len(tests)} tests that took {listed_from:g} s or more, longest first:",
         "",
         "| test | worker | setup s | call s | teardown s | total s |",
         "|---|---|---|---|---|---|",
     ]
-    for test in sorted(tests, key=lambda t: -t.seconds)[:slowest]:
+    for test in listed:
         phase = [f"{test.phases.get(p, 0.0):,.1f}" for p in ("setup", "call", "teardown")]
         lines.append(f"| {test.nodeid} | {test.worker} | {' | '.join(phase)} | {test.seconds:,.1f} |")
     return "\n".join(lines) + "\n"
