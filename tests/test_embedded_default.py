@@ -5,7 +5,8 @@ config; then what the README and docs (pipeline.md, evaluation.md) promise of it
 beats an untrained one in vLLM's speculative decoding on the test prompts, every speculative
 output equals the target's own, and `snakemake --report` writes the five plots.
 
-The one change to the default config: of its three named sets one is measured (KEPT_SET). Each
+The run's config is the default with two changes no assertion reads: one of its three named sets
+is measured (KEPT_SET), and latency at batch 1 is timed on fewer prompts (BATCH1_PROMPTS). Each
 named set is an evaluate_set job of its own (two engines) on the same code path, so the other two
 would repeat it on 16 other prompts; their files are read and fitted here with the run's own
 tokenizer and settings instead, test_eval_sets.py reads them as the stage does, and the dry runs
@@ -33,14 +34,18 @@ SHIPPED = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 KEPT_SET = "code"  # the named set this run measures; the others are LEFT_OUT
 LEFT_OUT = {name: path for name, path in SHIPPED["evaluate"]["prompt_sets"].items() if name != KEPT_SET}
 SETS = {"validation", "test", KEPT_SET}
+# Latency at batch 1 is timed on this many prompts of each set, not the schema's 8: no figure asserted
+# here reads it (they are the batched call's), and 2 still give it a paired interval.
+BATCH1_PROMPTS = 2
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("embedded-default")
     shutil.copytree(REPO / "resources" / "prompts", workdir / "resources" / "prompts")
-    kept = {KEPT_SET: SHIPPED["evaluate"]["prompt_sets"][KEPT_SET]}
-    write_config(workdir, {**SHIPPED, "evaluate": {**SHIPPED["evaluate"], "prompt_sets": kept}})
+    evaluate = {**SHIPPED["evaluate"], "prompt_sets": {KEPT_SET: SHIPPED["evaluate"]["prompt_sets"][KEPT_SET]},
+                "batch1_prompts": BATCH1_PROMPTS}
+    write_config(workdir, {**SHIPPED, "evaluate": evaluate})
     snakemake(workdir, "--cores", "all", timeout=3600)  # the default target: all
     report = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "pipeline_wall_time.py"), str(workdir)],
