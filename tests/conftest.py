@@ -66,6 +66,20 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: a file's tests keep their order
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Under CI (.ci/run sets DRAFTLINE_CI_RECORDS) every test's time and each file's, in the
+    record .ci/run prints after the tests (tests/durations_record.py); once, in the process that
+    gathers the workers' reports."""
+    records = os.environ.get("DRAFTLINE_CI_RECORDS")
+    if not records or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from durations_record import markdown, timed_tests
+
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if isinstance(r, pytest.TestReport)]
+    Path(records).mkdir(parents=True, exist_ok=True)
+    (Path(records) / "test_durations.md").write_text(markdown(timed_tests(reports)))
+
+
 def shared_folder(tmp_path_factory, name: str, build) -> Path:
     """A session folder made once by `build(folder)`: under pytest-xdist (the test command runs
     two workers) the first worker to ask builds it under a lock in the workers' common temp
