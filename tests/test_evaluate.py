@@ -94,19 +94,19 @@ def test_inconsistent_counters_stop_the_evaluation(bad, message):
 
 
 def test_both_evaluation_jobs_take_the_evaluate_block_on_the_runs_engine_settings():
-    """scripts/evaluate_set.py and evaluate_baseline.py build their settings with one call."""
+    """scripts/evaluate_set.py, evaluate_sets.py and evaluate_baseline.py build their settings with one call."""
     from types import SimpleNamespace
 
     from draftline.runtime.vllm_engine import EngineSettings
 
     engine = EngineSettings(dtype="float32", enforce_eager=True)
     params = SimpleNamespace(engine=engine, num_speculative_tokens=3, max_new_tokens=17, max_prompts=5,
-                             per_prompt_counts="separate_calls", seed=9, chat_template="t.jinja",
-                             chat_template_kwargs={"enable_thinking": False})
+                             per_prompt_counts="separate_calls", batch1_prompts=None, seed=9,
+                             chat_template="t.jinja", chat_template_kwargs={"enable_thinking": False})
     settings = EvaluateSettings.from_params(params, threads=4)
     assert (settings.num_speculative_tokens, settings.max_new_tokens, settings.max_prompts, settings.per_prompt_counts,
-            settings.seed, settings.chat_template, settings.chat_template_kwargs, settings.threads) == (
-        3, 17, 5, "separate_calls", 9, "t.jinja", {"enable_thinking": False}, 4)
+            settings.batch1_prompts, settings.seed, settings.chat_template, settings.chat_template_kwargs,
+            settings.threads) == (3, 17, 5, "separate_calls", None, 9, "t.jinja", {"enable_thinking": False}, 4)
     assert (settings.dtype, settings.enforce_eager) == ("float32", True)
 
 
