@@ -206,16 +206,18 @@ def test_the_sizing_uses_the_preflights_rates_for_the_same_plan_only(tmp_path):
     assumed = sizing.for_config(config, sizing.SizedTarget("local", tmp_path), "cuda", 1, (1000, None))
     assert "no preflight rates (no preflight report)" in assumed
     measured = line(plan_made)
-    assert "measured by this run's preflight" in measured and "regeneration 400 tok/s (4 prompts at once" in measured
+    flat = re.sub(r"\n +", " ", measured)  # the estimate's lines wrapped (sizing.line.WIDTH) joined
+    assert "measured by this run's preflight" in flat and "regeneration 400 tok/s (4 prompts at once" in flat
     # 1000 x 512 tokens at 400 tok/s = 21 min of regeneration, plus the prompts prefilled (1000 of
     # up to 2,048 tokens at the assumed extraction rate, 70 s: no extraction rate was measured) and
     # 40 s of start-up
     prefill = 1000 * 2048 / sizing.estimate(sizing.LLAMA_8B, sizing.Plan(1, 2048, 0, 1, 0, 0))["rates_tokens_per_s"]["extraction"]
     assert round((1000 * 512 / 400 + prefill + 40) / 60) == 23
-    assert "regeneration 23 min" in measured and "regeneration 23 min" not in assumed, (measured, assumed)
+    stage_row = re.compile(r"^    regeneration +23 min ", re.M)  # the table's row
+    assert stage_row.search(measured) and not stage_row.search(assumed), (measured, assumed)
     other = line({**plan_made, "engine": {**CUDA_PLAN, "dtype": "float16"}})
-    assert "was measured for another target, device, dtype" in other
-    assert other.split("; no preflight rates")[0] == assumed.split("; no preflight rates")[0]
+    assert "was measured for another target, device, dtype" in re.sub(r"\n +", " ", other)
+    assert other.split("\n  no preflight rates")[0] == assumed.split("\n  no preflight rates")[0]
 
 
 # ------------------------------------------------------------------ the training step
@@ -366,8 +368,9 @@ def test_preflight_on_the_embedded_default_passes_on_cpu(tmp_path):
         assert report["measured"][key] > 0, key
     # the plan of the run now sizes it with the preflight's rates
     dry = snakemake(tmp_path, "-n")
-    sized = re.search(r"draftline: sizing for .*", dry.stderr)
-    assert sized and "measured by this run's preflight (results/preflight/report.json" in sized[0], dry.stderr[-3000:]
+    sized = re.search(r"draftline: sizing for .*(\ndraftline:   .*)*", dry.stderr)
+    assert sized and "measured by this run's preflight (results/preflight/report.json" in re.sub(
+        r"\ndraftline:  +", " ", sized[0]), dry.stderr[-3000:]
 
     # a failed check (here written into the last part's record) fails the target after the report,
     # and the next `preflight` reruns that part (and what reads it) only

@@ -6,6 +6,7 @@ tokens) are changed; the dry run prints the sizing estimate before any job."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -62,8 +63,8 @@ def test_recipe_plans_with_its_profile(preset, tiny_model_8_heads, tmp_path):
     assert int(sizing.group(1).replace(",", "")) == 865 - held_out
     assert int(sizing.group(2).replace(",", "")) == config["tokenize"]["max_seq_len"]
     # the H200s' figures are the H100s' (GPUS: equal rates), printed once for both (gpu_groups)
-    assert "GPU time per stage on H200s and H100s: regeneration" in text and "hidden states <=" in text
-    assert "; on H100s total " not in text
+    assert "draftline:   GPU time per stage on H200s and H100s " in text and "hidden states <=" in text
+    assert "on H100s: total " not in text
 
     resources = _resources(out.stdout)
     for rule in ("regenerate_shard", "hidden_states_shard", "evaluate_set", "evaluate_baseline"):
@@ -126,12 +127,15 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
     (tmp_path / "resources/prompts/sized.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def sizing_line(source: str) -> str:
+        """The plan's estimate: its headline and the indented lines under it, as sizing.describe writes them."""
         config["prompts"]["sources"] = [source]
         write_config(tmp_path, config)
-        text = snakemake(tmp_path, "-n", *profile).stderr
-        lines = [line for line in text.splitlines() if line.startswith("draftline: sizing for ")]
-        assert len(lines) == 1, text[-3000:]
-        return lines[0]
+        lines = snakemake(tmp_path, "-n", *profile).stderr.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("draftline: sizing for ")]
+        assert len(starts) == 1, "\n".join(lines[-40:])
+        block = [lines[starts[0]]]
+        block += itertools.takewhile(lambda line: line.startswith("draftline:   "), lines[starts[0] + 1:])
+        return "\n".join(line.removeprefix("draftline: ") for line in block)
 
     for source, est in (("resources/prompts/sized.jsonl", estimates["H200"]),
                         ("resources/prompts/default.jsonl", estimates["shipped"])):
@@ -143,9 +147,9 @@ def test_the_recipes_table_is_what_the_dry_run_with_the_recipes_profile_prints(p
     line = sizing_line("resources/prompts/sized.jsonl")
     for group in gpu_groups():
         total = sizing.line._hours(sum(estimates[group.kinds[0]]["device_hours"].values()))
-        assert (f"; on {group.label} total {total} ({group.basis})" in line) == ("H200" not in group.kinds), line
+        assert (f"on {group.label}: total {total} ({group.basis})" in line) == ("H200" not in group.kinds), line
     assert [group.kinds for group in gpu_groups()] == [("H200", "H100")]  # alike: no H100 total
-    assert "; on H100s total " not in line
+    assert "on H100s: total " not in line
     assert sizing.recipe_train_gpus(REPO, name) == RECIPES[preset][2]
 
 
@@ -205,15 +209,15 @@ def test_gpu_kinds_alike_are_sized_once_and_kinds_apart_each_on_their_own(monkey
         page = sizing.docs_tables(REPO)
         return re.findall(r"^On (.*?) \(", page, re.M) + re.findall(r"GPU-hours \((.*?)\)", page)
 
-    assert "GPU time per stage on H200s and H100s:" in line() and "; on H100s total" not in line()
+    assert "  GPU time per stage on H200s and H100s " in line() and "on H100s: total" not in line()
     assert tables() == ["H200s and H100s", "H200 or H100"]
 
     monkeypatch.setitem(sizing.GPUS, "H100", replace(sizing.GPUS["H100"], decoding=0.7))
     h200, h100 = (sizing.config_estimate(sizing.SMOLLM2_135M, config, 1000, 1, gpu=gpu) for gpu in ("H200", "H100"))
     assert sum(h100["device_hours"].values()) > sum(h200["device_hours"].values())
     total = sizing.line._hours(sum(h100["device_hours"].values()))
-    assert "GPU time per stage on H200s:" in line()
-    assert f"; on H100s total {total} ({sizing.GPUS['H100'].basis}); no preflight rates" in line(), line()
+    assert "  GPU time per stage on H200s " in line()
+    assert f"\n  on H100s: total {total} ({sizing.GPUS['H100'].basis})" in line().replace("\n    ", " "), line()
     assert tables() == ["H200s", "H100s", "H200", "H100"]
 
 
@@ -640,7 +644,8 @@ def test_the_sizing_line_says_which_figure_is_the_bound_and_how_long_the_weights
     engine = est["vllm_engine_seconds"]  # the measured engine start, less the 8B's weights' load
     assert 0 < engine < est["vllm_start_seconds"] == pytest.approx(engine + sizing.QWEN3_235B.weights_bytes / 1e9)
     assert (f"each vLLM job starts in {est['vllm_start_seconds'] / 60:.0f} min (included above): the weights (470.1 GB) "
-            f"load at 1 GB/s (sizing.filesystem_gb_per_s), beside {engine:.0f} s of the engine's own start") in text
+            f"load at 1 GB/s (sizing.filesystem_gb_per_s), beside {engine:.0f} s of the engine's own start") in text.replace("\n    ", " ")
     bound = sum(est["device_hours"].values())
     expected = sum(h * sizing.EXPECTED_SHARE[k] for k, h in est["device_hours"].items())
-    assert f"total {bound:.1f} h (a bound; expected about {expected:.1f} h, " in text
+    assert re.search(rf"^    total \(a bound\) +{bound:.1f} h +[\d.]+ h$", text, re.M), text
+    assert f"\n  expected about {expected:.1f} h, " in text

@@ -214,7 +214,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         return the_plan  # no disk plan or sizing for a command that runs nothing
     hidden_state_disk_use(config, the_plan, planned_rows)
     if not remote_exec and not Path(FINAL_CHECKPOINT).exists():
-        say(sizing_line(config, the_plan, planned_rows()))
+        for line in sizing_line(config, the_plan, planned_rows()).splitlines():
+            say(line)
     return the_plan
 
 

@@ -1,7 +1,10 @@
-"""The plan's one-line sizing estimate (`for_config`) and how an estimate reads as text (`describe`)."""
+"""The plan's sizing estimate (`for_config`) and how an estimate reads as text (`describe`): a
+headline, a small table of the stages' time and lines of what it assumed, each line short enough
+to read in a terminal (the plan prints each after `draftline: `)."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,7 @@ class SizedTarget:
 def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
                planned: tuple[int | None, str | None],
                measured: tuple[dict | None, str] = (None, "no preflight report"), user_turns: int | None = None) -> str:
-    """The plan's one-line estimate for `planned` (planned_training_rows), or a line saying what
+    """The plan's estimate for `planned` (planned_training_rows: lines, see describe), or a line saying what
     it waits for: the target's config.json (a hub model still to download) or the count of
     training conversations (a source that cannot be counted cheaply, without prompts.max_samples).
     `measured` is `artifacts.preflight.measured_rates`' answer: the preflight's rates (and where
@@ -46,21 +49,33 @@ def for_config(config: dict, target: SizedTarget, device: str, train_gpus: int,
     rates, source = measured
     if rates is not None:
         rates = {**rates, "source": source}
-    text = describe(config_estimate(shape, config, conversations, train_gpus, device, rates, user_turns))
+    lines = [describe(config_estimate(shape, config, conversations, train_gpus, device, rates, user_turns))]
     if rates is None and device == "cuda":
-        # each other GPU kind's total, where its rates differ (the H200's group is the line's)
+        # each other GPU kind's total, where its rates differ (the H200's group is the table's)
         for group in gpu_groups():
             if "H200" not in group.kinds:
                 est = config_estimate(shape, config, conversations, train_gpus, device, user_turns=user_turns,
                                       gpu=group.kinds[0])
-                text += f"; on {group.label} total {_hours(sum(est['device_hours'].values()))} ({group.basis})"
+                lines.append(_wrapped(f"on {group.label}: total {_hours(sum(est['device_hours'].values()))} "
+                                      f"({group.basis})"))
     if rates is None:
-        text += f"; no preflight rates ({source}): `preflight` measures this plan's on its GPUs (docs/cluster.md)"
+        lines.append(_wrapped(f"no preflight rates ({source}): `preflight` measures this plan's on its GPUs "
+                              "(docs/cluster.md)"))
     if shape.experts and device == "cuda":
         on = (config.get("vllm") or {}).get("enable_expert_parallel")
-        text += (f"; MoE with expert parallelism {'on' if on else 'off'} (vllm.enable_expert_parallel), which the "
-                 "assumed rates do not model (docs/cluster.md)")
-    return text
+        lines.append(_wrapped(f"MoE with expert parallelism {'on' if on else 'off'} (vllm.enable_expert_parallel), "
+                              "which the assumed rates do not model (docs/cluster.md)"))
+    return "\n".join(lines)
+
+
+# Each line of the estimate after the headline fits this width (after the plan's `draftline: `).
+WIDTH = 100
+
+
+def _wrapped(text: str) -> str:
+    """A line of the estimate under its headline: indented, long ones wrapped to WIDTH."""
+    return textwrap.fill(text, WIDTH, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def _hours(h: float) -> str:
@@ -76,25 +91,32 @@ def _bytes(n: float) -> str:
 
 
 def describe(est: dict) -> str:
+    """The estimate as a few lines: the headline (what is sized, the answers regenerated), a table
+    of each stage's device and wall time with their totals (the bound), the figure to plan by, then
+    the hidden states' bytes and I/O, the vLLM jobs' start and where the rates come from."""
     unit = "GPU" if est["device"] == "cuda" else "CPU-core"
-    stages = ", ".join(
-        f"{k} {_hours(v)} ({_hours(est['wall_hours'][k])} wall)" for k, v in est["device_hours"].items() if v
-    )
     kind = ""
     if est["device"] == "cuda" and not est["basis"].startswith("measured"):
         kind = " on " + next(g.label for g in gpu_groups() if est["gpu"] in g.kinds)  # and the kinds alike
     if est["user_turns"] is None:
-        turns = "; regeneration: one answer per conversation until the prompts job counts the user turns"
+        turns = "regeneration: one answer per conversation until the prompts job counts the user turns"
     else:
-        turns = f"; regeneration: {est['user_turns']:,} user turns answered"
-    return (
-        f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
-        f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens{turns}; {unit} time per "
-        f"stage{kind}: "
-        f"{stages}; total {_hours(sum(est['device_hours'].values()))} (a bound; {_expected(est)}); hidden states <= "
-        f"{_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}{_load(est)}. Upper bounds from the "
-        f"configured lengths; {est['basis']} (docs/sizing.md)"
-    )
+        turns = f"regeneration: {est['user_turns']:,} user turns answered"
+    headline = (f"sizing for {est['target']} on {est['device']}: {est['conversations']:,} training conversations x "
+                f"<= {est['tokens'] // max(est['conversations'], 1):,} tokens = <= {est['tokens']:,} tokens")
+    rows = [(stage, _hours(hours), _hours(est["wall_hours"][stage])) for stage, hours in est["device_hours"].items() if hours]
+    rows.append(("total (a bound)", _hours(sum(est["device_hours"].values())), _hours(sum(est["wall_hours"].values()))))
+    header = (f"{unit} time per stage{kind}", f"{unit} time", "wall")
+    width = [max(len(header[0]) - 2, *(len(row[0]) for row in rows)),
+             *(max(len(row[i]) for row in [header, *rows]) for i in (1, 2))]
+    table = [f"  {header[0]:<{width[0] + 2}}  {header[1]:>{width[1]}}  {header[2]:>{width[2]}}"]
+    table += [f"    {name:<{width[0]}}  {device:>{width[1]}}  {wall:>{width[2]}}" for name, device, wall in rows]
+    return "\n".join([
+        headline, _wrapped(turns), *table, _wrapped(_expected(est)),
+        _wrapped(f"hidden states <= {_bytes(est['hidden_state_bytes'])} ({est['bytes_per_token']:,} B/token){_io(est)}"),
+        _wrapped(_load(est)),
+        _wrapped(f"upper bounds from the configured lengths; {est['basis']} (docs/sizing.md)"),
+    ])
 
 
 def _expected(est: dict) -> str:
@@ -102,7 +124,7 @@ def _expected(est: dict) -> str:
     device = sum(v * EXPECTED_SHARE[k] for k, v in est["device_hours"].items())
     wall = sum(v * EXPECTED_SHARE[k] for k, v in est["wall_hours"].items())
     return (f"expected about {_hours(device)}, {_hours(wall)} wall, for data that fill the lengths as the "
-            "embedded default's do: EXPECTED_SHARE")
+            "embedded default's do (EXPECTED_SHARE)")
 
 
 def _load(est: dict) -> str:
@@ -110,10 +132,10 @@ def _load(est: dict) -> str:
     filesystem's rate (or the local disk's)."""
     start = est["vllm_start_seconds"]
     if est["vllm_start_measured"]:
-        return f"; each vLLM job starts in {_hours(start / 3600)} (measured by the preflight)"
+        return f"each vLLM job starts in {_hours(start / 3600)} (measured by the preflight)"
     rate = est.get("filesystem_bytes_per_s") or LOAD_BYTES_PER_S
     source = "sizing.filesystem_gb_per_s" if est.get("filesystem_bytes_per_s") else "LOAD_BYTES_PER_S"
-    return (f"; each vLLM job starts in {_hours(start / 3600)} (included above): the weights "
+    return (f"each vLLM job starts in {_hours(start / 3600)} (included above): the weights "
             f"({_bytes(est['weights_bytes'])}) load at {rate / 1e9:g} GB/s ({source}), beside "
             f"{est['vllm_engine_seconds']:.0f} s of the engine's own start (VLLM_START_S: measured, less its weights' load)")
 
