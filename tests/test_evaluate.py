@@ -243,15 +243,18 @@ def _sum(metrics, name):
 @pytest.mark.dag
 def test_numbers_are_deltas_of_vllm_counters_read_in_this_run(evaluation):
     result, readings = evaluation["json"], evaluation["readings"]
-    # before/after each set's timed generate (test, then mine): target alone, then each draft
-    assert len(readings) == 12
+    # in each engine (target alone, then each draft): before/after each set's timed generate (test,
+    # then mine), then before/after each of the sets' first evaluate.batch1_prompts prompts alone
+    batch1 = sum(min(EvaluateSettings().batch1_prompts, s["prompts"]) for s in result["sets"].values())
+    per_engine = 4 + 2 * batch1
+    assert len(readings) == 3 * per_engine
     test = result["sets"]["test"]
     runs = [test["target_alone"], test["drafts"]["trained"], test["drafts"]["untrained"]]
     for i, run in enumerate(runs):
-        before, after = readings[4 * i], readings[4 * i + 1]
+        before, after = readings[per_engine * i], readings[per_engine * i + 1]
         for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PROMPT_TOKENS):
             assert run["counters"][name] == _sum(after, name) - _sum(before, name), (i, name)
-    for name, (b, a) in {"trained": (4, 5), "untrained": (8, 9)}.items():
+    for name, (b, a) in {"trained": (per_engine, per_engine + 1), "untrained": (2 * per_engine, 2 * per_engine + 1)}.items():
         draft, c = result["drafts"][name], result["drafts"][name]["counters"]
         before = _sum(readings[b], ACCEPTED_PER_POS) or [0] * K
         per_pos = [x - y for x, y in zip(_sum(readings[a], ACCEPTED_PER_POS), before, strict=True)]
