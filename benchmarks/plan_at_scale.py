@@ -5,15 +5,14 @@ Two parts, each on the tiny target (used in place; no vLLM runs):
 
 - plan: `snakemake -n results/lineage.json` from scratch (no results/, no .snakemake/) and on a
   finished run ("Nothing to be done": every output faked, then `--touch` records Snakemake's
-  metadata in job order), each repeated, with wall and
-  CPU seconds (CPU seconds are what the dry run costs on an idle core, whatever else runs
-  here) and the 1-minute load when each run started;
+  metadata in job order), each repeated, with wall and CPU seconds (CPU seconds are what the dry
+  run costs on an idle core, whatever else runs here) and the 1-minute load when each run started;
 - memory: the CPU steps that read whole files, each in a fresh process reporting its peak RSS
   (VmHWM): prompts (`build_prompts` on the 100,000 prompts), regenerate_merge (`merge_shards`
-  over 256 shard folders of synthetic answers, `regenerated_shards`), tokenize (`tokenize` on 100,000 synthetic conversations with the tiny target's
-  tokenizer), and the interpreter with tokenize's imports alone (the floor under tokenize).
-  `--old-src DIR` measures tokenize with another checkout's src/ too (the code before it was
-  streamed).
+  over 256 shard folders of synthetic answers, `regenerated_shards`), tokenize (`tokenize` on
+  100,000 synthetic conversations with the tiny target's tokenizer), and the interpreter with
+  tokenize's imports alone (the floor under tokenize). `--old-src DIR` measures tokenize with
+  another checkout's src/ too (the code before it was streamed).
 
     PYTHONPATH=src:tests .venv/bin/python benchmarks/plan_at_scale.py --repeats 5
 
