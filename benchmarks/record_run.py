@@ -231,14 +231,25 @@ def header_line(record: dict) -> str:
     return "; ".join(parts) + "."
 
 
+def supersedes_section(record: dict) -> str:
+    """The page's "## Supersedes" section: each older record folded into this one (its `supersedes`
+    entries: record, made, command, what differed, the figures kept, `summary`), or ""."""
+    entries = record.get("supersedes") or []
+    return "\n\n## Supersedes\n\n" + "\n".join(f"- {e['summary']}" for e in entries) if entries else ""
+
+
 def write_record(out: str | Path, record: dict, markdown: str | None = None) -> Path:
-    """OUT.json (and OUT.md when `markdown` is given), each written whole (atomic rename)."""
+    """OUT.json (and OUT.md when `markdown` is given), each written whole (atomic rename). A record
+    remade over one that superseded others keeps its `supersedes` entries and their section."""
     base = str(out).removesuffix(".json").removesuffix(".md")
+    earlier = json.loads(Path(base + ".json").read_text()) if Path(base + ".json").is_file() else {}
+    if earlier.get("supersedes") and "supersedes" not in record:
+        record = {**record, "supersedes": earlier["supersedes"]}
     with atomic_file(base + ".json") as f:
         f.write(json.dumps(record, indent=1) + "\n")
     if markdown is not None:
         with atomic_file(base + ".md") as f:
-            f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+            f.write(markdown.rstrip("\n") + supersedes_section(record) + "\n")
     return Path(base + ".json")
 
 

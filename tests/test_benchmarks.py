@@ -137,7 +137,7 @@ def test_load_reads_the_samples_inside_the_window(harness, tmp_path):
     start = datetime.fromisoformat("2026-12-02T07:59:00+00:00").timestamp()
     got = harness.load(log, start, start + 120)
     assert got == {"samples": 2, "load1_min": 1.5, "load1_median": 3.0, "load1_max": 3.0}
-    # epoch-second time stamps (online_hidden_states' logs) read the same
+    # epoch-second time stamps (the online training logs') read the same
     log.write_text(f"{start + 10} 2.0 1 1\n{start + 500} 8.0 1 1\n")
     assert harness.load(log, start, start + 120)["load1_max"] == 2.0
     assert harness.load(tmp_path / "missing.log", 0, 1) is None
