@@ -159,11 +159,11 @@ def plan_part(root: Path, model: Path, args) -> dict:
 
 
 def regenerated_shards(root: Path, n: int, shards: int, seed: int = 0) -> dict:
-    """prompts.jsonl, settings.json, `shards` shard folders and the staged chunks of n conversations:
+    """prompts.jsonl, settings.json and `shards` shard folders of n conversations (merge's inputs):
     1-3 user turns of ~200 characters, answers of ~1,000 characters (about 256 tokens)."""
     from draftline.artifacts import conversations as conversation_file
     from draftline.artifacts.hidden_states import shard_rows
-    from draftline.stages.regenerate import COUNTERS, SHARD_CONVERSATIONS, SHARD_SUMMARY, Answered, Staging, write_answer_settings
+    from draftline.stages.regenerate import COUNTERS, SHARD_CONVERSATIONS, SHARD_SUMMARY, Answered, write_answer_settings
 
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(5000)]
@@ -182,10 +182,6 @@ def regenerated_shards(root: Path, n: int, shards: int, seed: int = 0) -> dict:
         answered.append(Answered(i, f"c{i}", {"id": f"c{i}", "source": "synthetic", "messages": messages}, stats))
     conversation_file.write(root / "prompts.jsonl", prompts)
     settings = write_answer_settings(root / "prompts.jsonl", root / "settings.json", {"max_new_tokens": 256})
-    staging = Staging(root / ".staging", settings["key"])
-    staging.prepare()
-    for start in range(0, n, 256):
-        staging.stage(answered[start:start + 256])
     for k in range(shards):
         rows = shard_rows(n, k, shards)
         folder = root / f"shard_{k}"
