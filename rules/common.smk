@@ -18,7 +18,7 @@ from draftline.planning import plan as planning  # noqa: E402
 
 from draftline.planning import sizing
 from draftline.planning.cluster import snakemake_executor  # noqa: E402
-from draftline.planning.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
+from draftline.settings.command_line import CommandLineError, command_line_config, validation_error  # noqa: E402
 from draftline.planning.rule_params import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 

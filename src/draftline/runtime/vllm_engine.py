@@ -16,8 +16,8 @@ import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from draftline.planning.config_schema import default, output_changing
 from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH
+from draftline.settings import DEFAULTS, output_changing
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +80,22 @@ class EngineSettings:
     plan's resolved dtype and eager mode); the stages' settings extend this. Built once per plan
     by `engine_settings`, passed to the jobs as one param and handed on as it is."""
 
-    max_model_len: int = default("tokenize", "max_seq_len")  # prompt + answer must fit
-    dtype: str = default("target", "dtype")
-    trust_remote_code: bool = default("target", "trust_remote_code")
+    max_model_len: int = DEFAULTS.tokenize.max_seq_len  # prompt + answer must fit
+    dtype: str = DEFAULTS.target.dtype
+    trust_remote_code: bool = DEFAULTS.target.trust_remote_code
     enforce_eager: bool | str | None = None  # None/"auto": see enforce_eager_for
     seed: int = 0
     threads: int | None = None  # vLLM CPU threads (the job's)
     # target.*_parallel_size: one vLLM rank (a GPU, or a CPU worker process) per tp x pp
-    tensor_parallel_size: int = default("target", "tensor_parallel_size")
-    pipeline_parallel_size: int = default("target", "pipeline_parallel_size")
+    tensor_parallel_size: int = DEFAULTS.target.tensor_parallel_size
+    pipeline_parallel_size: int = DEFAULTS.target.pipeline_parallel_size
     # vllm.*: None = vLLM's own default (gpu_memory_utilization: gpu_memory_share's)
-    gpu_memory_utilization: float | None = default("vllm", "gpu_memory_utilization")
-    max_num_seqs: int | None = default("vllm", "max_num_seqs")
-    enable_expert_parallel: bool = default("vllm", "enable_expert_parallel")
-    quantization: str | None = default("vllm", "quantization")
-    kv_cache_dtype: str = default("vllm", "kv_cache_dtype")
-    cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
+    gpu_memory_utilization: float | None = DEFAULTS.vllm.gpu_memory_utilization
+    max_num_seqs: int | None = DEFAULTS.vllm.max_num_seqs
+    enable_expert_parallel: bool = DEFAULTS.vllm.enable_expert_parallel
+    quantization: str | None = DEFAULTS.vllm.quantization
+    kv_cache_dtype: str = DEFAULTS.vllm.kv_cache_dtype
+    cpu_kv_cache_gib: int = DEFAULTS.vllm.cpu_kv_cache_gib
     engine_args: dict = field(default_factory=dict)  # vllm.engine_args, passed through
 
     @property
@@ -271,7 +271,7 @@ def cpu_bind_lists(ranks: int, cores: Collection[int], threads: int | None = Non
     return "|".join(",".join(map(str, cores[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
 
 
-def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib"),
+def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int = DEFAULTS.vllm.cpu_kv_cache_gib,
                        ranks: int = 1, in_process: bool = True) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 

@@ -7,27 +7,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline import fidelity
-from draftline.planning.config_schema import default
 from draftline.runtime.vllm_engine import EngineSettings, output_settings
+from draftline.settings import DEFAULTS
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """The `train:` config block (names as in config/schema/config.schema.yaml)."""
 
-    epochs: int = default("train", "epochs")
-    lr: float = default("train", "lr")
-    optimizer: str = default("train", "optimizer")  # auto | adamw | muon
-    total_seq_len: int = default("train", "total_seq_len")
-    train_fraction: float = default("train", "train_fraction")
-    ttt_steps: int = default("train", "ttt_steps")
-    seed: int = default("train", "seed")
-    fsdp: bool = default("train", "fsdp")  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
+    epochs: int = DEFAULTS.train.epochs
+    lr: float = DEFAULTS.train.lr
+    optimizer: str = DEFAULTS.train.optimizer  # auto | adamw | muon
+    total_seq_len: int = DEFAULTS.train.total_seq_len
+    train_fraction: float = DEFAULTS.train.train_fraction
+    ttt_steps: int = DEFAULTS.train.ttt_steps
+    seed: int = DEFAULTS.train.seed
+    fsdp: bool = DEFAULTS.train.fsdp  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
     # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
-    num_workers: int | str = default("train", "num_workers")
-    keep_old_runs: bool = default("train", "keep_old_runs")  # keep runs/<key> folders of earlier settings after publishing
+    num_workers: int | str = DEFAULTS.train.num_workers
+    keep_old_runs: bool = DEFAULTS.train.keep_old_runs  # keep runs/<key> folders of earlier settings after publishing
     # resumable checkpoints per epoch as a fraction (speculators' --checkpoint-freq; 1 = epoch ends only)
-    checkpoint_freq: float = default("train", "checkpoint_freq")
+    checkpoint_freq: float = DEFAULTS.train.checkpoint_freq
 
     @classmethod
     def from_config(cls, block: dict) -> TrainSettings:
@@ -55,14 +55,14 @@ class HiddenStateSource:
     Built once per plan (`from_config`) and passed to the train job as one param object, which
     Snakemake does not compare; `outputs()` are its fields that decide staleness."""
 
-    mode: str = default("hidden_states", "mode")  # offline | online
-    server_gpus: int = default("hidden_states", "online_server_gpus")
-    ready_timeout_s: float = default("hidden_states", "online_server_timeout_s")
-    max_seq_len: int = default("tokenize", "max_seq_len")  # the server's max_model_len - 1
+    mode: str = DEFAULTS.hidden_states.mode  # offline | online
+    server_gpus: int = DEFAULTS.hidden_states.online_server_gpus
+    ready_timeout_s: float = DEFAULTS.hidden_states.online_server_timeout_s
+    max_seq_len: int = DEFAULTS.tokenize.max_seq_len  # the server's max_model_len - 1
     dtype: str = "auto"  # the planned engine dtype
     server_log: str = "logs/train_vllm_server.log"
     # samples the Trainer may skip for want of the server's hidden states (0 offline: files are checked)
-    max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
+    max_skipped_samples: int = DEFAULTS.hidden_states.online_max_skipped_samples
     # online: rows asked from the server and checked before the Trainer starts (draftline.fidelity)
     fidelity: fidelity.FidelitySettings = fidelity.FidelitySettings()
     # online: the run's vLLM settings, which the server loads the target with (None: the defaults
