@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline.settings import DraftlineConfig, TargetBlock
+
 log = logging.getLogger(__name__)
 
 
@@ -76,42 +78,44 @@ def target_shape(kind: str, target_dir: str | Path) -> TargetShape | None:
 def check_config(config: dict, shape: TargetShape | None, device: str | None = None) -> None:
     """Config values the target cannot serve, or that cannot work for the data; one ConfigError.
 
-    Only what is knowable from the config, the planned device and the target's config.json:
-    the rest (rows left after tokenization) is checked by the disk_estimate rule before extraction.
+    Only what is knowable from the config (read as its typed blocks: a key left out is its
+    default), the planned device and the target's config.json: the rest (rows left after
+    tokenization) is checked by the disk_estimate rule before extraction.
     """
-    check_parallel(config["target"], config["hidden_states"].get("backend", "vllm"), device, shape)
-    hs = config["hidden_states"]
-    if hs.get("mode") == "online" and hs.get("format", "full") != "full":
+    if shape is not None:  # first: a layer id the target lacks is named with the target's depth
+        check_target_shape(config, shape)
+    typed = DraftlineConfig.model_validate(config)
+    hs = typed.hidden_states
+    check_parallel(typed.target, hs.backend, device, shape)
+    if hs.mode == "online" and hs.format != "full":
         raise ConfigError(
-            f"hidden_states.format = {hs['format']} with hidden_states.mode = online: the format is how "
+            f"hidden_states.format = {hs.format} with hidden_states.mode = online: the format is how "
             "offline hidden-state files are stored, and online mode stores none (its server's files are "
             "read once and deleted); drop hidden_states.format, or set hidden_states.mode: offline"
         )
-    ranks = config["target"].get("tensor_parallel_size", 1) * config["target"].get("pipeline_parallel_size", 1)
+    ranks = typed.target.vllm_ranks
     # 0: the server shares the Trainer's first GPUs (a one-GPU machine)
-    if hs.get("mode") == "online" and device == "cuda" and hs.get("online_server_gpus", 1) not in (0, ranks):
+    if hs.mode == "online" and device == "cuda" and hs.online_server_gpus not in (0, ranks):
         raise ConfigError(
-            f"hidden_states.online_server_gpus = {hs['online_server_gpus']}, but the online server loads the "
+            f"hidden_states.online_server_gpus = {hs.online_server_gpus}, but the online server loads the "
             "target as every vLLM engine of the run does, split over target.tensor_parallel_size x "
             f"pipeline_parallel_size = {ranks} GPU(s): set hidden_states.online_server_gpus: {ranks} (or 0 to "
             "share the Trainer's GPUs, or change target.tensor_parallel_size)"
         )
-    engine_len, max_seq_len = (config.get("vllm") or {}).get("max_model_len"), config["tokenize"]["max_seq_len"]
-    if engine_len is not None and engine_len > max_seq_len and config.get("regenerate", {}).get("enabled", True):
+    engine_len, max_seq_len = typed.vllm.max_model_len, typed.tokenize.max_seq_len
+    if engine_len is not None and engine_len > max_seq_len and typed.regenerate.enabled:
         raise ConfigError(
             f"vllm.max_model_len = {engine_len} is above tokenize.max_seq_len = {max_seq_len}: regeneration would "
             "write answers that tokenization then cuts (and trains on cut conversations); set vllm.max_model_len "
             f"to at most {max_seq_len}, or null (= tokenize.max_seq_len)"
         )
-    shards, max_samples = hs["shards"], config["prompts"]["max_samples"]
+    shards, max_samples = hs.shards, typed.prompts.max_samples
     if max_samples is not None and shards > max_samples:
         raise ConfigError(
             f"hidden_states.shards = {shards} is more than prompts.max_samples = {max_samples} "
             "training conversations, so some shards would have no rows; lower hidden_states.shards"
         )
-    if shape is not None:
-        check_target_shape(config, shape)
-    check_batch_fits_a_conversation(config)
+    check_batch_fits_a_conversation(typed)
 
 
 def check_target_shape(config: dict, shape: TargetShape) -> None:
@@ -129,13 +133,12 @@ def check_target_shape(config: dict, shape: TargetShape) -> None:
         )
 
 
-def check_batch_fits_a_conversation(config: dict) -> None:
+def check_batch_fits_a_conversation(config: DraftlineConfig) -> None:
     """speculators' sampler cuts a sample longer than train.total_seq_len to its first
     total_seq_len tokens (the rest of the conversation is never trained on): below
     tokenize.max_seq_len that is only allowed with train.allow_truncated_samples."""
-    train, max_seq_len = config.get("train") or {}, config["tokenize"]["max_seq_len"]
-    total = train.get("total_seq_len")
-    if total is not None and total < max_seq_len and not train.get("allow_truncated_samples", False):
+    total, max_seq_len = config.train.total_seq_len, config.tokenize.max_seq_len
+    if total < max_seq_len and not config.train.allow_truncated_samples:
         raise ConfigError(
             f"train.total_seq_len = {total} is below tokenize.max_seq_len = {max_seq_len}: speculators' sampler "
             f"cuts every conversation longer than {total} tokens to its first {total} (their ends are never "
@@ -144,10 +147,10 @@ def check_batch_fits_a_conversation(config: dict) -> None:
         )
 
 
-def check_parallel(target: dict, backend: str, device: str | None, shape: TargetShape | None) -> None:
+def check_parallel(target: TargetBlock, backend: str, device: str | None, shape: TargetShape | None) -> None:
     """target.tensor_parallel_size / pipeline_parallel_size that vLLM (0.32, the pinned build)
     would refuse, or fail on, in the middle of a job."""
-    tp, pp = target.get("tensor_parallel_size", 1), target.get("pipeline_parallel_size", 1)
+    tp, pp = target.tensor_parallel_size, target.pipeline_parallel_size
     if pp > 1 and backend == "vllm":
         raise ConfigError(
             f"target.pipeline_parallel_size = {pp}: vLLM's extract_hidden_states method "

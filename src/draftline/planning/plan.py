@@ -29,6 +29,7 @@ from draftline.planning.config_checks import ConfigError, TargetShape, check_con
 from draftline.planning.rule_params import VLLM_DIST, DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.planning.sizing import planned_train_gpus, planned_training_rows
 from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
+from draftline.settings import TargetBlock
 from draftline.sources import PromptError, check_sources
 from draftline.stages.disk_estimate import (
     DiskLimit,
@@ -165,7 +166,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     resolved = resolved_settings(config, device, train_gpus)
     if not remote_exec:
         say(planned_line(config, device, resolved, executor if on_cluster else None))
-    vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+    vllm_ranks = TargetBlock.model_validate(config["target"]).vllm_ranks
     check_gpu_overrides(gpu_overrides, vllm_ranks)
     config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
     # the target as the summary names it (SmolLM2-135M-Instruct, not "embedded"), for the report's

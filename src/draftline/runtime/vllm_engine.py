@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 
 from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH
 from draftline.settings import DEFAULTS, output_changing
+from draftline.settings.target import vllm_ranks
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class EngineSettings:
 
     @property
     def ranks(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return vllm_ranks(self.tensor_parallel_size, self.pipeline_parallel_size)
 
     def stage(self, cls, **own):
         """These settings as a stage's settings `cls` (a subclass: RegenerateSettings,

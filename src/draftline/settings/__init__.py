@@ -9,14 +9,14 @@ from draftline.settings.config import DraftlineConfig
 from draftline.settings.data import PromptsBlock, RegenerateBlock, TokenizeBlock
 from draftline.settings.draft import DraftBlock, TrainBlock, VocabBlock
 from draftline.settings.evaluate import EvaluateBlock, PreflightBlock, SizingBlock
-from draftline.settings.hidden_states import FidelityBlock, HiddenStatesBlock
+from draftline.settings.hidden_states import FORMATS, FidelityBlock, HiddenStateFormat, HiddenStatesBlock
 from draftline.settings.schema import default, output_changing
 from draftline.settings.target import TargetBlock, VllmBlock
 
 DEFAULTS = DraftlineConfig()
 
 __all__ = [
-    "DEFAULTS", "DraftBlock", "DraftlineConfig", "EvaluateBlock", "FidelityBlock", "HiddenStatesBlock", "PreflightBlock",
-    "PromptsBlock", "RegenerateBlock", "SizingBlock", "TargetBlock", "TokenizeBlock", "TrainBlock", "VllmBlock", "VocabBlock",
-    "default", "output_changing",
+    "DEFAULTS", "FORMATS", "DraftBlock", "DraftlineConfig", "EvaluateBlock", "FidelityBlock", "HiddenStateFormat",
+    "HiddenStatesBlock", "PreflightBlock", "PromptsBlock", "RegenerateBlock", "SizingBlock", "TargetBlock", "TokenizeBlock",
+    "TrainBlock", "VllmBlock", "VocabBlock", "default", "output_changing",
 ]

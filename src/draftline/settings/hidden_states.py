@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, Field
 
@@ -14,6 +14,10 @@ def _unique(ids: list[int]) -> list[int]:
         raise ValueError(f"{ids} names a layer twice")
     return ids
 
+
+# How hidden-state files are stored (hidden_states.format): its values, in one place.
+HiddenStateFormat = Literal["full", "fp8"]
+FORMATS: tuple[str, ...] = get_args(HiddenStateFormat)
 
 # Target layers by number (1 = the first decoder layer's output), each once.
 LayerIds = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, json_schema_extra={"uniqueItems": True}),
@@ -80,7 +84,7 @@ class HiddenStatesBlock(Block):
             "machines without vLLM, and as a cross-check). Both write the same files in the same layer convention."
         ),
     )
-    format: Literal["full", "fp8"] = setting(
+    format: HiddenStateFormat = setting(
         "full",
         description=(
             "How hidden-state files are stored: full (the extraction dtype: float32 on CPU, bfloat16 on CUDA) or fp8 (speculators' own FP8 "

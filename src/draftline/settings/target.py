@@ -7,6 +7,12 @@ from typing import Any, Literal
 from draftline.settings.fields import Block, number, setting
 
 
+def vllm_ranks(tensor_parallel_size: int, pipeline_parallel_size: int) -> int:
+    """One vLLM rank (a GPU; on CPU a worker process with a core) per part of the target's split:
+    each layer over tensor_parallel_size, the layers over pipeline_parallel_size stages."""
+    return tensor_parallel_size * pipeline_parallel_size
+
+
 class TargetBlock(Block):
     """The target (verifier) model the draft learns to predict."""
 
@@ -71,6 +77,12 @@ class TargetBlock(Block):
             "use tensor_parallel_size."
         ),
     )
+
+
+    @property
+    def vllm_ranks(self) -> int:
+        """The ranks vLLM splits the target over: the GPUs (its `gpu` resource) every vLLM job asks for."""
+        return vllm_ranks(self.tensor_parallel_size, self.pipeline_parallel_size)
 
 
 class VllmBlock(Block):

@@ -10,6 +10,7 @@ from pathlib import Path
 from draftline.planning.sizing.estimate import Plan, estimate
 from draftline.planning.sizing.shapes import Shape
 from draftline.runtime.vllm_engine import planned_max_model_len
+from draftline.settings import TargetBlock
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -34,7 +35,7 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         dtype_bytes=DTYPE_BYTES.get(dtype, 2),
         draft_vocab=config["vocab"]["draft_vocab_size"],
         regenerate=config["regenerate"]["enabled"],
-        gpus_per_vllm_job=config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"],
+        gpus_per_vllm_job=TargetBlock.model_validate(config["target"]).vllm_ranks,
         train_gpus=train_gpus,
         regenerate_shards=config["regenerate"]["shards"],
         hidden_state_shards=config["hidden_states"]["shards"],
