@@ -15,7 +15,6 @@ Relative paths are the working folder's, as in every job: snakemake runs in it (
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,13 @@ from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.lineage.target_hash_cache import RUN_FILE, SharedHashCache, local_target_files
-from draftline.planning.cluster import cluster_device, jobs_leave_this_machine
+from draftline.planning.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
 from draftline.planning.config_checks import ConfigError, TargetShape, check_config, config_notes, target_shape
+from draftline.planning.config_files import PlanningError, check_prompt_sources, check_relative_paths
 from draftline.planning.rule_params import VLLM_DIST, DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.planning.sizing import planned_train_gpus, planned_training_rows
 from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
 from draftline.settings import TargetBlock
-from draftline.sources import PromptError, check_sources
 from draftline.stages.disk_estimate import (
     DiskLimit,
     DiskLimitError,
@@ -79,10 +78,6 @@ NO_JOB_FLAGS = ("--unlock", "--cleanup-metadata", "--cm", "--list-changes", "--l
 def no_job_command(argv: list[str]) -> str | None:
     """The flag of a Snakemake command in `argv` that runs no job (NO_JOB_FLAGS), else None."""
     return next((arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in NO_JOB_FLAGS), None)
-
-
-class PlanningError(ValueError):
-    """The config cannot be planned; the message says what is wrong, where, and what to do."""
 
 
 @dataclass(frozen=True)
@@ -220,55 +215,28 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     return the_plan
 
 
+def planned(config: dict, workflow, argv: list[str]) -> Plan:
+    """The plan as rules/common.smk asks for it, from Snakemake's `workflow` (its folder, executor,
+    and the `gpu` a profile or --set-resources sets per rule, passed as plain values) and the
+    command line `argv`; a PlanningError becomes Snakemake's WorkflowError."""
+    from snakemake.exceptions import WorkflowError
+
+    from draftline.planning.sizing import gpu_overrides
+
+    overrides = workflow.resource_settings.overwrite_resources or {}
+    gpus = {step: overrides.get(step, {}).get("gpu") for step in ("train", *VLLM_RULES)}
+    try:
+        return plan(config, workdir=Path.cwd(), repo=Path(workflow.basedir), executor=snakemake_executor(),
+                    remote_exec=workflow.remote_exec, gpu_overrides=gpu_overrides(gpus), no_job=no_job_command(argv))
+    except PlanningError as error:
+        raise WorkflowError(str(error)) from None
+
+
 def _refuse(message: str, no_job: str | None) -> None:
     """Stop the plan with `message`, or for a command that runs no job say it and go on."""
     if no_job is None:
         raise PlanningError(message)
     say(f"note: {message} (not a stop for {no_job}, which runs no job)")
-
-
-# ---------------------------------------------------------------- the config's files
-
-
-def check_relative_path(key: str, raw, workdir: Path, repo: Path) -> None:
-    """A relative path missing from a run folder that the workflow's own folder has (a preset's
-    resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
-    path = Path(str(raw)).expanduser()
-    if path.is_absolute() or str(raw).startswith(("hf:", "package:")) or path.exists() or workdir == repo:
-        return
-    if (repo / path).exists():
-        raise PlanningError(
-            f"{key}: {raw} is not in the working folder (looked at {path.resolve()}): relative paths in the "
-            f"config are read from the folder snakemake runs in ({workdir}, --directory), not from the "
-            f"workflow's ({repo}), which has it. Write {os.path.relpath(repo / path)} (or an absolute path), "
-            "or copy the file into the run folder"
-        )
-
-
-def check_relative_paths(config: dict, workdir: Path, repo: Path) -> None:
-    for raw in config["prompts"]["sources"]:
-        check_relative_path("prompts.sources", raw, workdir, repo)
-    for name, raw in config["evaluate"]["prompt_sets"].items():
-        check_relative_path(f"evaluate.prompt_sets.{name}", raw, workdir, repo)
-    for key in ("model", "chat_template"):
-        if config["target"][key] not in (None, "embedded"):
-            check_relative_path(f"target.{key}", config["target"][key], workdir, repo)
-
-
-def check_prompt_sources(config: dict) -> None:
-    """The first rows of every source, in every format, so a typo, a wrong column name or a file in
-    the wrong format stops the run before any job starts."""
-    prompts = config["prompts"]
-    try:
-        check_sources(prompts["sources"], config["regenerate"]["enabled"], prompts["on_bad_row"],
-                      leading_assistant_turn=prompts["leading_assistant_turn"])
-    except (PromptError, ValueError) as error:
-        raise PlanningError(f"prompts.sources: {error}") from None
-    for name, raw in config["evaluate"]["prompt_sets"].items():
-        try:  # evaluation stops on a bad row (draftline.sources.read_first_turns)
-            check_sources([raw], regenerate_enabled=True, on_bad_row="stop")
-        except (PromptError, ValueError) as error:
-            raise PlanningError(f"evaluate.prompt_sets.{name}: {error}") from None
 
 
 # ---------------------------------------------------------------- target, device, resources
