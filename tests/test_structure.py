@@ -121,8 +121,10 @@ def test_the_settings_are_the_bottom_layer():
         assert not outside, f"{name} imports {outside}"
 
 
-# Below the plan: what reads a setting reads it from draftline.settings, never from planning/.
-BELOW_PLANNING = ("settings", "artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "fidelity", "sources")
+# Below the plan (planning/ drives the stages, and only the drivers and scripts import it): what reads a
+# setting, its default or its check against the target reads it from draftline.settings.
+BELOW_PLANNING = ("settings", "artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "fidelity", "sources",
+                  "stages")
 
 
 @pytest.mark.parametrize("layer", BELOW_PLANNING)

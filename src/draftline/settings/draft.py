@@ -128,3 +128,28 @@ class TrainBlock(Block):
             "(each save writes the draft and its optimizer state into the epoch's folder). Not part of the run key: changing it resumes."
         ),
     )
+
+
+# What `auto` means for train.num_workers and train.optimizer on the planned device: the plan
+# resolves them once (draftline.planning.rule_params.resolved_settings), the train job alike.
+CUDA_NUM_WORKERS = 4
+
+
+def resolve_num_workers(requested: int | str, cuda: bool, online: bool = False) -> int:
+    # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
+    # batch fetch is ~28% of a step without them (docs/gpu.md). Online hidden states on CPU:
+    # the workers mostly wait on the server, and with them its requests overlap the steps and
+    # each other (the server batches them); without them the Trainer idles while it waits.
+    if requested == "auto":
+        return CUDA_NUM_WORKERS if cuda else (ONLINE_CPU_NUM_WORKERS if online else 0)
+    return int(requested)
+
+
+ONLINE_CPU_NUM_WORKERS = 2
+
+
+def resolve_optimizer(requested: str, cuda: bool) -> str:
+    # Muon is ~8x slower on CPUs without bf16 (torch's Muon casts gradients to bf16).
+    if requested == "auto":
+        return "muon" if cuda else "adamw"
+    return requested

@@ -190,8 +190,8 @@ def write_estimate(
     fit under the limit is exact."""
     dtype, shards, format = extraction.dtype, extraction.shards, extraction.format
     max_disk_gb = limit.max_disk_gb
-    from draftline.planning.config_checks import check_rows_for_shards, shape_from_config
     from draftline.runtime.vllm_engine import default_dtype
+    from draftline.settings.target_shape import check_rows_for_shards, shape_from_config
 
     summary = json.loads(Path(tokenized_summary).read_text())
     extracted = json.loads(Path(layer_ids).read_text())["extracted"]
