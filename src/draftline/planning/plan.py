@@ -332,7 +332,7 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
     Snakemake does not compare: changing it re-extracts nothing). `planned_rows()`:
     sizing.planned_training_rows."""
     hs, disk = config["hidden_states"], plan.disk_limit
-    mode = hs.get("mode", "offline")  # online: no shard files
+    mode = hs["mode"]  # online: no shard files
     if (mode != "online" and _shards_done(config, plan.shards)) or plan.target_shape is None:
         return
     hidden, n_layers, dtype = plan.target_shape.hidden_size, extracted_layers(hs["layer_ids"]), plan.resolved["engine"]["dtype"]

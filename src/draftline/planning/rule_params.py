@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 
 from draftline.lineage.versions import installed_version
+from draftline.settings import HiddenStatesBlock
 from draftline.settings.draft import resolve_num_workers, resolve_optimizer  # noqa: F401 (tests' names)
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,8 @@ class DeviceSetting:
 
 
 def _online_server_gpus(config: dict) -> int:
-    hidden = config.get("hidden_states", {})
-    return hidden.get("online_server_gpus", 1) if hidden.get("mode") == "online" else 0
+    hidden = HiddenStatesBlock.model_validate(config.get("hidden_states") or {})
+    return hidden.online_server_gpus if hidden.mode == "online" else 0
 
 
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:
