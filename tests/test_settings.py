@@ -92,3 +92,19 @@ def test_the_models_are_frozen():
 
     with pytest.raises(ValidationError):
         DEFAULTS.train.epochs = 4
+
+
+def test_dotted_command_line_keys_are_the_models():
+    """`--config train.lr=3e-4` is rewritten into the block Snakemake takes when the models have
+    the key (open mappings take any key below them); a key they lack stops naming it."""
+    from draftline.settings.command_line import CommandLineError, rewrite_config_args
+
+    words = ["snakemake", "--config", "train.lr=3e-4", "vllm.engine_args.block_size=32", "hidden_states.fidelity.rows=0"]
+    assert rewrite_config_args(words) == ["snakemake", "--config", 'train={"lr": "3e-4"}', 'vllm={"engine_args": {"block_size": "32"}}',
+                                          'hidden_states={"fidelity": {"rows": "0"}}']
+    with pytest.raises(CommandLineError, match=r"--config train\.epochz: train has no key 'epochz' \(its keys: epochs, lr"):
+        rewrite_config_args(["snakemake", "--config", "train.epochz=3"])
+    with pytest.raises(CommandLineError, match=r"the config's top level has no key 'trian'"):
+        rewrite_config_args(["snakemake", "--config", "trian.epochs=3"])
+    with pytest.raises(CommandLineError, match=r"train\.epochs is a setting, with no keys below it"):
+        rewrite_config_args(["snakemake", "--config", "train.epochs.x=1"])

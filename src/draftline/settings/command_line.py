@@ -110,7 +110,8 @@ def rewrite_config_args(args: list[str]) -> list[str]:
     Snakemake 9.27.1's own parser refuses ("Config entry must start with a valid identifier"), in
     the block form it takes (`train={"lr": "3e-4"}`); dotted keys under one top-level key become
     one block, in the place of the first. A --config list ends at the next word starting with `-`.
-    Values stay strings: command_line_config reads each as its key's type in the schema."""
+    Values stay strings: command_line_config reads each as its key's type in the schema. A dotted
+    key the settings models do not have stops here, naming it and the keys its block has."""
     import json
 
     out: list[str] = []
@@ -133,6 +134,7 @@ def rewrite_config_args(args: list[str]) -> list[str]:
                 values.append(args[i])
             else:
                 top, *path = match.group(1).split(".")
+                check_dotted_key(top, path)
                 if top not in blocks:
                     blocks[top] = {}
                     values.append(top)  # its place among the values
@@ -140,6 +142,35 @@ def rewrite_config_args(args: list[str]) -> list[str]:
             i += 1
         out += [f"{v}={json.dumps(blocks[v])}" if v in blocks else v for v in values]
     return out
+
+
+def check_dotted_key(top: str, path: list[str]) -> None:
+    """`top.path` names a setting of the models (draftline.settings), or a key inside an open
+    mapping of them (vllm.engine_args.block_size, evaluate.prompt_sets.code); else a
+    CommandLineError naming the first part they do not have and the keys there are."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from draftline.settings.config import DraftlineConfig
+
+    model: type[BaseModel] = DraftlineConfig
+    parts = [top, *path]
+    for n, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        where = ".".join(parts[:n]) or "the config's top level"
+        if field is None:
+            raise CommandLineError(
+                f"--config {'.'.join(parts)}: {where} has no key {part!r} (its keys: {', '.join(model.model_fields)}); "
+                "config/schema/config.schema.yaml describes every key (docs/configuration.md, \"From the command line\")"
+            )
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        if n < len(parts) - 1 and typing.get_origin(annotation) is not dict:
+            raise CommandLineError(f"--config {'.'.join(parts)}: {'.'.join(parts[:n + 1])} is a setting, with no keys below it")
+        return
 
 
 def _set_dotted(block: dict, top: str, path: list[str], value: str) -> None:
