@@ -29,7 +29,7 @@ from draftline.planning.config_files import PlanningError, check_prompt_sources,
 from draftline.planning.rule_params import VLLM_DIST, DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.planning.sizing import planned_train_gpus, planned_training_rows
 from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
-from draftline.settings import TargetBlock
+from draftline.settings import DraftlineConfig
 from draftline.stages.disk_estimate import (
     DiskLimit,
     DiskLimitError,
@@ -161,7 +161,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     resolved = resolved_settings(config, device, train_gpus)
     if not remote_exec:
         say(planned_line(config, device, resolved, executor if on_cluster else None))
-    vllm_ranks = TargetBlock.model_validate(config["target"]).vllm_ranks
+    vllm_ranks = DraftlineConfig.read(config).target.vllm_ranks
     check_gpu_overrides(gpu_overrides, vllm_ranks)
     config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
     # the target as the summary names it (SmolLM2-135M-Instruct, not "embedded"), for the report's
@@ -181,16 +181,17 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     for line in [] if remote_exec else config_notes(config, device, versions[VLLM_DIST[device]],
                                                      extracted_layers(hs["layer_ids"]) - 1):
         say(line)
+    typed = DraftlineConfig.read(config)  # the stages' settings objects are built from its blocks
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
     try:  # the `vllm:` block, target.* and the resolved engine settings, once
-        engine = engine_settings(config, resolved["engine"])
+        engine = engine_settings(typed, resolved["engine"])
     except EngineSettingsError as error:
         _refuse(str(error), no_job)  # a device refusal (a wrong engine_args key raises again below)
         try:
-            engine = engine_settings(config, {**resolved["engine"], "device": None})
+            engine = engine_settings(typed, {**resolved["engine"], "device": None})
         except EngineSettingsError as again:
             raise PlanningError(str(again)) from None
-    fidelity = fidelity_settings(config)
+    fidelity = fidelity_settings(typed)
     the_plan = Plan(
         target=target, target_identity=identity,
         verifier_name=config["target"]["verifier_name"] or (target.source if target.kind == "hub" else target.name),
@@ -200,8 +201,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
                             versions=versions,
                             vllm=config["vllm"]),  # memory share, batch size, expert parallel...: they change the rates
-        engine=engine, disk_limit=DiskLimit.from_config(config),
-        hidden_state_source=HiddenStateSource.from_config(config, dtype=resolved["engine"]["dtype"], engine=engine,
+        engine=engine, disk_limit=DiskLimit.from_config(typed),
+        hidden_state_source=HiddenStateSource.from_config(typed, dtype=resolved["engine"]["dtype"], engine=engine,
                                                           fidelity=fidelity),
         summary=SummarySettings(run_name=config["run_name"], target=target.name, device=device),
     )
@@ -286,16 +287,14 @@ def sort_keys(value):
     return value
 
 
-def fidelity_settings(config: dict) -> FidelitySettings:
+def fidelity_settings(config: DraftlineConfig) -> FidelitySettings:
     """hidden_states.fidelity with its `auto` bar resolved for where the answers come from: a param
     that decides no staleness (a FidelitySettings object: Snakemake compares only plain values), as
     the bar gates a shard's publishing, it is not what the states are; so a new bar reruns no
     published shard, and a shard that failed reruns under it reusing its staged files."""
-    block = config["hidden_states"]["fidelity"]
-    bar, basis = resolve_min_top1(
-        block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
-    )
-    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis, recompute_rows=block["recompute_rows"])
+    block = config.hidden_states.fidelity
+    bar, basis = resolve_min_top1(block.min_top1, config.regenerate.enabled, config.regenerate.temperature)
+    return FidelitySettings(rows=block.rows, min_top1=bar, basis=basis, recompute_rows=block.recompute_rows)
 
 
 # ---------------------------------------------------------------- disk use and sizing

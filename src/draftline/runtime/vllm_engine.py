@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
 from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH
-from draftline.settings import DEFAULTS, output_changing
+from draftline.settings import DEFAULTS, DraftlineConfig, output_changing
 from draftline.settings.target import vllm_ranks
 
 log = logging.getLogger(__name__)
@@ -133,13 +133,13 @@ class EngineSettingsError(ValueError):
     """A `vllm:` setting that cannot apply; the message names the key and what to do."""
 
 
-def engine_settings(config: dict, resolved: dict) -> EngineSettings:
-    """The one EngineSettings of a plan: the validated config's `vllm:` block and target.* with
-    the dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
-    # the validated config holds every vllm.* key: its defaults are the schema's, filled in there
-    block, target = config["vllm"], config["target"]
+def engine_settings(config: dict | DraftlineConfig, resolved: dict) -> EngineSettings:
+    """The one EngineSettings of a plan: the config's typed `vllm:` block and target.* with the
+    dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
+    config = DraftlineConfig.read(config)
+    block, target = config.vllm, config.target
     # sorted (nested too), so a reordered config is the same param
-    engine_args = json.loads(json.dumps(block["engine_args"], sort_keys=True))
+    engine_args = json.loads(json.dumps(block.engine_args, sort_keys=True))
     for key in sorted(engine_args):
         own = f"vllm.{key}" if key in VLLM_KEYS else OWN_ARGS.get(key)
         if own:
@@ -147,7 +147,7 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
                 f"vllm.engine_args.{key}: draftline sets this vLLM argument itself (from {own}); "
                 f"remove it from vllm.engine_args" + (f" and set {own}" if own.startswith(("vllm.", "target.")) else "")
             )
-    if block["enable_expert_parallel"] and resolved.get("device") == "cpu":
+    if block.enable_expert_parallel and resolved.get("device") == "cpu":
         raise EngineSettingsError(
             "vllm.enable_expert_parallel: true is refused on CPU (the vLLM CPU build crashes with it: "
             "SIGSEGV in cpu_fused_moe); set it to false, or plan for CUDA (device: cuda)"
@@ -155,24 +155,25 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
     return EngineSettings(
         max_model_len=planned_max_model_len(config),
         dtype=resolved["dtype"],
-        trust_remote_code=target["trust_remote_code"],
+        trust_remote_code=target.trust_remote_code,
         enforce_eager=resolved["enforce_eager"],
-        tensor_parallel_size=target["tensor_parallel_size"],
-        pipeline_parallel_size=target["pipeline_parallel_size"],
-        gpu_memory_utilization=block["gpu_memory_utilization"],
-        max_num_seqs=block["max_num_seqs"],
-        enable_expert_parallel=block["enable_expert_parallel"],
-        quantization=block["quantization"],
-        kv_cache_dtype=block["kv_cache_dtype"],
-        cpu_kv_cache_gib=block["cpu_kv_cache_gib"],
+        tensor_parallel_size=target.tensor_parallel_size,
+        pipeline_parallel_size=target.pipeline_parallel_size,
+        gpu_memory_utilization=block.gpu_memory_utilization,
+        max_num_seqs=block.max_num_seqs,
+        enable_expert_parallel=block.enable_expert_parallel,
+        quantization=block.quantization,
+        kv_cache_dtype=block.kv_cache_dtype,
+        cpu_kv_cache_gib=block.cpu_kv_cache_gib,
         engine_args=engine_args,
     )
 
 
-def planned_max_model_len(config: dict) -> int:
+def planned_max_model_len(config: dict | DraftlineConfig) -> int:
     """The context of a generating engine (regeneration, evaluation): vllm.max_model_len, or
     tokenize.max_seq_len when it is null (decided here only: the plan's sizing reads it too)."""
-    return (config.get("vllm") or {}).get("max_model_len") or config["tokenize"]["max_seq_len"]
+    config = DraftlineConfig.read(config)
+    return config.vllm.max_model_len or config.tokenize.max_seq_len
 
 
 def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> dict:

@@ -15,6 +15,12 @@ from draftline.settings.target import TargetBlock, VllmBlock
 class DraftlineConfig(Block):
     """draftline configuration (validated at parse time; defaults filled in here)"""
 
+    @classmethod
+    def read(cls, config: dict | DraftlineConfig) -> DraftlineConfig:
+        """`config` as its typed blocks: a dict (validated, a key left out its default) read, a
+        DraftlineConfig as it is."""
+        return config if isinstance(config, cls) else cls.model_validate(config)
+
     run_name: str | None = setting(
         None,
         description=(

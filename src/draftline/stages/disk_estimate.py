@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.runtime.atomic import atomic_file
-from draftline.settings import DEFAULTS, HiddenStateFormat
+from draftline.settings import DEFAULTS, DraftlineConfig, HiddenStateFormat
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,9 @@ class DiskLimit:
     total_seq_len: int | None = None  # train.total_seq_len: hidden_states.mode online's working set
 
     @classmethod
-    def from_config(cls, config: dict) -> DiskLimit:
-        hs = config["hidden_states"]
-        return cls(max_disk_gb=hs.get("max_disk_gb"), max_seq_len=config["tokenize"]["max_seq_len"],
-                   total_seq_len=config["train"]["total_seq_len"] if "mode" in hs else None)
+    def from_config(cls, config: DraftlineConfig) -> DiskLimit:
+        return cls(max_disk_gb=config.hidden_states.max_disk_gb, max_seq_len=config.tokenize.max_seq_len,
+                   total_seq_len=config.train.total_seq_len)
 
 
 def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from draftline import fidelity
 from draftline.runtime.vllm_engine import EngineSettings, output_settings
-from draftline.settings import DEFAULTS
+from draftline.settings import DEFAULTS, DraftlineConfig
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,17 @@ class HiddenStateSource:
         return self.mode == "online"
 
     @classmethod
-    def from_config(cls, config: dict, *, dtype: str, engine: EngineSettings,
+    def from_config(cls, config: DraftlineConfig, *, dtype: str, engine: EngineSettings,
                     fidelity: fidelity.FidelitySettings) -> HiddenStateSource:
-        """The validated config's `hidden_states:` mode and online keys, with the plan's engine
+        """The typed config's `hidden_states:` mode and online keys, with the plan's engine
         `dtype`, its vLLM settings and the resolved fidelity bar (offline: the mode alone; the
         files are checked as they are extracted)."""
-        block = config["hidden_states"]
-        if block["mode"] != "online":
-            return cls(mode=block["mode"])
-        return cls(mode="online", server_gpus=block["online_server_gpus"], dtype=dtype, engine=engine,
-                   ready_timeout_s=block["online_server_timeout_s"], max_seq_len=config["tokenize"]["max_seq_len"],
-                   max_skipped_samples=block["online_max_skipped_samples"], fidelity=fidelity)
+        block = config.hidden_states
+        if block.mode != "online":
+            return cls(mode=block.mode)
+        return cls(mode="online", server_gpus=block.online_server_gpus, dtype=dtype, engine=engine,
+                   ready_timeout_s=block.online_server_timeout_s, max_seq_len=config.tokenize.max_seq_len,
+                   max_skipped_samples=block.online_max_skipped_samples, fidelity=fidelity)
 
     def outputs(self) -> dict:
         """The fields that can change the draft, as plain values (the train rule's `hidden_states`
