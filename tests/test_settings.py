@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_committed_schema_is_the_models_export():
-    assert SCHEMA.read_text() == schema_text(), "run: PYTHONPATH=src python -m draftline.settings.schema"
+    assert SCHEMA.read_text() == schema_text(), "run: PYTHONPATH=src python -m draftline.settings.export"
     assert yaml.safe_load(SCHEMA.read_text()) == export()
 
 

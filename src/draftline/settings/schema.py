@@ -2,7 +2,7 @@
 Snakemake validates against and fills the defaults from), and the defaults and staleness marks
 read from the models themselves.
 
-The file is written by `PYTHONPATH=src python -m draftline.settings.schema`; tests/test_settings.py
+The file is written by `PYTHONPATH=src python -m draftline.settings.export`; tests/test_settings.py
 holds it equal to the export. It is inlined (no $ref): Snakemake's defaults filling sets each
 `default` it meets under `properties`, and a block behind a reference would be filled only as far
 as jsonschema follows it."""
@@ -22,7 +22,7 @@ from draftline.settings.fields import CHANGES_OUTPUTS
 SCHEMA = Path(__file__).resolve().parents[3] / "config" / "schema" / "config.schema.yaml"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 HEADER = (
-    "# Written by `PYTHONPATH=src python -m draftline.settings.schema` from the models in src/draftline/settings/\n"
+    "# Written by `PYTHONPATH=src python -m draftline.settings.export` from the models in src/draftline/settings/\n"
     "# (each setting's one default, its description and x-changes-outputs): edit them there, not here.\n"
 )
 # The order a schema's keys are written in (any others after them).
@@ -157,7 +157,3 @@ def output_changing(block: str) -> tuple[str, ...]:
     if undecided:
         raise KeyError(f"draftline.settings: {block}.{', '.join(undecided)} carries no changes_outputs (true or false)")
     return tuple(key for key, mark in marks.items() if mark is True)
-
-
-if __name__ == "__main__":
-    SCHEMA.write_text(schema_text())

@@ -91,7 +91,8 @@ class VllmBlock(Block):
     once). Each key says whether it can change outputs: those rerun the vLLM stages and what follows; the
     others only change speed or memory and rerun nothing. `x-changes-outputs` says which (true: a change
     reruns the vLLM stages; false: nothing): draftline.runtime.vllm_engine.OUTPUT_FIELDS, the staleness
-    params and the extraction staging key read it from here.
+    params and the extraction staging key read it from each setting's changes_outputs in
+    draftline.settings.target.VllmBlock, which this schema is written from.
     """
 
     gpu_memory_utilization: number(gt=0, le=1) | None = setting(
