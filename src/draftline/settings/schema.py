@@ -125,7 +125,11 @@ def schema_text() -> str:
         style = ">" if len(value) > 80 else None
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
+    def mapping(dumper, value: dict):  # a setting's schema one key a line; small parts ({type: string}) inline
+        return dumper.represent_mapping("tag:yaml.org,2002:map", value, flow_style=False if "description" in value else None)
+
     Dumper.add_representer(str, text)
+    Dumper.add_representer(dict, mapping)
     return HEADER + yaml.dump(export(), Dumper=Dumper, sort_keys=False, width=100, default_flow_style=None,
                               allow_unicode=True)
 
