@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from draftline.settings import DEFAULTS
+from draftline.settings import DEFAULTS, DraftBlock
 
 # name (config draft.algorithm = speculators' speculator_type) -> module holding ALGORITHM
 ALGORITHMS = {
@@ -72,9 +72,13 @@ class DraftSettings:
     sample_from_anchor: bool | None = DEFAULTS.draft.sample_from_anchor  # dspark: the anchor proposes too
 
     @classmethod
-    def from_config(cls, block: dict, **more) -> DraftSettings:
-        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block and k not in more}
-        return cls(**known, **more)
+    def from_config(cls, block: dict | DraftBlock, **more) -> DraftSettings:
+        """The `draft:` block (or the part of it a rule's param holds) read as its model, DraftBlock
+        (a key left out is its default), with `more` (train.ttt_steps) beside it."""
+        if not isinstance(block, DraftBlock):
+            block = DraftBlock.model_validate({k: v for k, v in block.items() if k in DraftBlock.model_fields})
+        return cls(**{k: getattr(block, k) for k in cls.__dataclass_fields__ if k in DraftBlock.model_fields and k not in more},
+                   **more)
 
 
 class DraftAlgorithm(Protocol):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from draftline import fidelity
 from draftline.runtime.vllm_engine import EngineSettings, output_settings
-from draftline.settings import DEFAULTS, DraftlineConfig
+from draftline.settings import DEFAULTS, DraftlineConfig, TrainBlock
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,12 @@ class TrainSettings:
     checkpoint_freq: float = DEFAULTS.train.checkpoint_freq
 
     @classmethod
-    def from_config(cls, block: dict) -> TrainSettings:
-        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block}
-        return cls(**known)
+    def from_config(cls, block: dict | TrainBlock) -> TrainSettings:
+        """The `train:` block (as the rule's param holds it, the plan's resolved optimizer and
+        workers in it) read as its model, TrainBlock: a key left out is its default."""
+        if not isinstance(block, TrainBlock):
+            block = TrainBlock.model_validate({k: v for k, v in block.items() if k in TrainBlock.model_fields})
+        return cls(**{k: getattr(block, k) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
