@@ -5,16 +5,14 @@ Two parts, each on the tiny target (used in place; no vLLM runs):
 
 - plan: `snakemake -n results/lineage.json` from scratch (no results/, no .snakemake/) and on a
   finished run ("Nothing to be done": every output faked, then `--touch` records Snakemake's
-  metadata in job order, as benchmarks/noop_dry_run.py does), each repeated, with wall and
-  CPU seconds (CPU seconds are what the dry run costs on an idle core, whatever else runs
-  here) and the 1-minute load when each run started;
+  metadata in job order), each repeated, with wall and CPU seconds (CPU seconds are what the dry
+  run costs on an idle core, whatever else runs here) and the 1-minute load when each run started;
 - memory: the CPU steps that read whole files, each in a fresh process reporting its peak RSS
   (VmHWM): prompts (`build_prompts` on the 100,000 prompts), regenerate_merge (`merge_shards`
-  over 256 shard folders of synthetic answers, as benchmarks/regeneration_memory.py builds
-  them), tokenize (`tokenize` on 100,000 synthetic conversations with the tiny target's
-  tokenizer), and the interpreter with tokenize's imports alone (the floor under tokenize).
-  `--old-src DIR` measures tokenize with another checkout's src/ too (the code before it was
-  streamed).
+  over 256 shard folders of synthetic answers, `regenerated_shards`), tokenize (`tokenize` on
+  100,000 synthetic conversations with the tiny target's tokenizer), and the interpreter with
+  tokenize's imports alone (the floor under tokenize). `--old-src DIR` measures tokenize with
+  another checkout's src/ too (the code before it was streamed).
 
     PYTHONPATH=src:tests .venv/bin/python benchmarks/plan_at_scale.py --repeats 5
 
@@ -160,6 +158,44 @@ def plan_part(root: Path, model: Path, args) -> dict:
     }
 
 
+def regenerated_shards(root: Path, n: int, shards: int, seed: int = 0) -> dict:
+    """prompts.jsonl, settings.json and `shards` shard folders of n conversations (merge's inputs):
+    1-3 user turns of ~200 characters, answers of ~1,000 characters (about 256 tokens)."""
+    from draftline.artifacts import conversations as conversation_file
+    from draftline.artifacts.hidden_states import shard_rows
+    from draftline.stages.regenerate import COUNTERS, SHARD_CONVERSATIONS, SHARD_SUMMARY, Answered, write_answer_settings
+
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(5000)]
+
+    def text(chars):
+        return " ".join(rng.choices(words, k=chars // 6))
+
+    prompts, answered = [], []
+    for i in range(n):
+        users = [text(200) for _ in range(rng.randint(1, 3))]
+        prompts.append({"id": f"c{i}", "source": "synthetic", "messages": [{"role": "user", "content": u} for u in users[:1]]
+                        + [m for u in users[1:] for m in ({"role": "assistant", "content": "x"}, {"role": "user", "content": u})]})
+        messages = [m for u in users for m in ({"role": "user", "content": u}, {"role": "assistant", "content": text(1000)})]
+        stats = {**dict.fromkeys(COUNTERS, 0), "rows_in": 1, "rows_out": 1, "turns_generated": len(users),
+                 "generated_tokens": 256 * len(users), "prompt_tokens": 100 * len(users)}
+        answered.append(Answered(i, f"c{i}", {"id": f"c{i}", "source": "synthetic", "messages": messages}, stats))
+    conversation_file.write(root / "prompts.jsonl", prompts)
+    settings = write_answer_settings(root / "prompts.jsonl", root / "settings.json", {"max_new_tokens": 256})
+    for k in range(shards):
+        rows = shard_rows(n, k, shards)
+        folder = root / f"shard_{k}"
+        folder.mkdir()
+        conversation_file.write(folder / SHARD_CONVERSATIONS, (answered[i].row for i in rows))
+        stats = {c: sum(answered[i].stats[c] for i in rows) for c in COUNTERS}
+        (folder / SHARD_SUMMARY).write_text(json.dumps({
+            "shard": k, "num_shards": shards, "row_start": rows.start, "row_stop": rows.stop, "key": settings["key"],
+            **stats, "answered": len(rows), "reused": 0, "load_seconds": 0, "seconds": 1.0, "tokens_per_second": 1.0}))
+    return {"prompts_mb": round((root / "prompts.jsonl").stat().st_size / 1e6, 1),
+            "regenerated_mb": round(sum((root / f"shard_{k}" / SHARD_CONVERSATIONS).stat().st_size
+                                        for k in range(shards)) / 1e6, 1)}
+
+
 def tokenize_input(path: Path, n: int) -> dict:
     """n conversations of 1-3 turns (user ~60 characters, answer ~240), one in ten with a system
     prompt: short, so 10^5 of them tokenize in minutes on 2 cores (the count is what memory
@@ -198,8 +234,8 @@ def memory_part(root: Path, model: Path, args, record: dict, save) -> None:
     regen.mkdir()
     # in a child, so the steps below are not forked from a process holding every row
     record["memory_data"] = json.loads(subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "regeneration_memory.py"), "--make", str(regen),
-         "--conversations", str(args.conversations), "--shards", str(args.regen_shards)],
+        [sys.executable, __file__, "--make", str(regen), "--conversations", str(args.conversations),
+         "--regen-shards", str(args.regen_shards)],
         capture_output=True, text=True, env=env, check=True).stdout)
     record["memory_data"].update(tokenize_input(root / "tokenize_input.jsonl", args.conversations))
     record["memory_data"]["prompts_mb"] = round((root / "plan" / "prompts.jsonl").stat().st_size / 1e6, 1)
@@ -289,7 +325,11 @@ def main() -> None:
     parser.add_argument("--tokenize-sizes", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
                         help="also tokenize the first N conversations for each N (comma-separated)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "plan_at_scale"))
+    parser.add_argument("--make", help=argparse.SUPPRESS)  # internal: write the synthetic answers here
     args = parser.parse_args()
+    if args.make:
+        print(json.dumps(regenerated_shards(Path(args.make), args.conversations, args.regen_shards)))
+        return
     record: dict = {
         **header(this_command("PYTHONPATH=src:tests .venv/bin/python"),
                  packages=("snakemake", "datasets", "transformers", "speculators")),

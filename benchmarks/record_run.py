@@ -1,10 +1,12 @@
 """The benchmarks' one harness, and the record of a finished run.
 
-Every benchmark that writes a record (benchmarks/results/NAME.json and .md) takes its header
-from here: `header()` (the command, the commit with the paths that differ from it, the
-versions through `draftline.lineage.versions.package_versions`, the machine, the load at the start,
-the date), `header_line()` for the page, `load()` for a load log's window, and `write_record()`
-(each file written whole).
+Every benchmark that writes a record (benchmarks/results/NAME.json and .md, or bench_cuda.py's
+OUT/results.json) takes its header from here: `header()` (the command, the commit with the paths
+that differ from it, the versions through `draftline.lineage.versions.package_versions`, the
+machine, the load at the start, the date), `header_line()` for the page, `load()` for a load log's
+window, `write_record()` (each file written whole), `log_to()` for the run's log; on a GPU
+machine `gpu_versions()` (vLLM's and CUDA's too), `gpu_info()`, `host_info()`, `Results` (a
+record rewritten after every stage) and `GpuMemoryPoller`.
 
 Run as a script, it records a finished run's figures with what makes them checkable: the
 command, the commit the run was made from, the versions, the machine and its load while the run
@@ -26,11 +28,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from datetime import datetime
 from pathlib import Path
 
@@ -50,7 +55,10 @@ from draftline.runtime.atomic import atomic_file  # noqa: E402
 
 def git_commit(*paths: str) -> str | None:
     """This checkout's short commit, with "+dirty" when tracked files (under `paths`, if given)
-    differ from it: the code a benchmark measured. None outside a git checkout or without git."""
+    differ from it: the code a benchmark measured. $BENCH_COMMIT where it is set (a lent GPU
+    machine gets a copy of the tree, no git); None outside a git checkout or without git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
         if out.returncode != 0:
@@ -84,6 +92,53 @@ def vllm_version() -> str | None:
     except Exception:  # importable by its path but failing to import: no version to record
         return None
     return getattr(vllm, "__version__", None)
+
+
+GPU_PACKAGES = ("torch", "transformers", "speculators", "safetensors", "datasets", "hs-connectors")
+
+
+def gpu_versions() -> dict:
+    """A CUDA record's versions: GPU_PACKAGES', vLLM's where it is importable, and torch's CUDA."""
+    import torch
+
+    out = versions(*GPU_PACKAGES)
+    if (vllm := vllm_version()) is not None:
+        out["vllm"] = vllm
+    out["cuda"] = torch.version.cuda
+    return out
+
+
+def gpu_info() -> dict:
+    """The GPUs (nvidia-smi's name, memory and driver; torch's count, name and SMs), or the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    return {"device": "cuda", "count": torch.cuda.device_count(), "nvidia_smi": smi,
+            "name": torch.cuda.get_device_name(0),
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+
+
+def meminfo(*keys: str) -> dict:
+    try:
+        rows = dict(x.split(":", 1) for x in Path("/proc/meminfo").read_text().splitlines())
+        return {k: rows[k].strip() for k in keys if k in rows}
+    except OSError:
+        return {}
+
+
+def host_info() -> dict:
+    """CPU count, memory and the dirty-page limits (the extraction stage never syncs: its files go to
+    the page cache first)."""
+    out: dict = {"cpus": os.cpu_count()}
+    for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes"):
+        try:
+            out[f"vm.{name}"] = Path(f"/proc/sys/vm/{name}").read_text().strip()
+        except OSError:
+            pass
+    return {**out, **meminfo("MemTotal")}
 
 
 def machine() -> dict:
@@ -130,6 +185,14 @@ def load(log: Path | None, start: float, end: float) -> dict | None:
     return {"samples": len(values), "load1_min": values[0], "load1_median": values[len(values) // 2], "load1_max": values[-1]}
 
 
+def summarize(vals: list[float]) -> dict:
+    """n, min, median, max of a few rounds, and the values."""
+    v = sorted(vals)
+    return {"n": len(v), "min": v[0],
+            "median": v[len(v) // 2] if len(v) % 2 else round((v[len(v) // 2 - 1] + v[len(v) // 2]) / 2, 3),
+            "max": v[-1], "all": vals}
+
+
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
@@ -168,15 +231,85 @@ def header_line(record: dict) -> str:
     return "; ".join(parts) + "."
 
 
+def supersedes_section(record: dict) -> str:
+    """The page's "## Supersedes" section: each older record folded into this one (its `supersedes`
+    entries: record, made, command, what differed, the figures kept, `summary`), or ""."""
+    entries = record.get("supersedes") or []
+    return "\n\n## Supersedes\n\n" + "\n".join(f"- {e['summary']}" for e in entries) if entries else ""
+
+
 def write_record(out: str | Path, record: dict, markdown: str | None = None) -> Path:
-    """OUT.json (and OUT.md when `markdown` is given), each written whole (atomic rename)."""
+    """OUT.json (and OUT.md when `markdown` is given), each written whole (atomic rename). A record
+    remade over one that superseded others keeps its `supersedes` entries and their section."""
     base = str(out).removesuffix(".json").removesuffix(".md")
+    earlier = json.loads(Path(base + ".json").read_text()) if Path(base + ".json").is_file() else {}
+    if earlier.get("supersedes") and "supersedes" not in record:
+        record = {**record, "supersedes": earlier["supersedes"]}
     with atomic_file(base + ".json") as f:
         f.write(json.dumps(record, indent=1) + "\n")
     if markdown is not None:
         with atomic_file(base + ".md") as f:
-            f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+            f.write(markdown.rstrip("\n") + supersedes_section(record) + "\n")
     return Path(base + ".json")
+
+
+def log_to(file: str | Path | None = None) -> None:
+    """The run's log: timestamped lines on stderr, and in `file` too where given."""
+    handlers = [logging.StreamHandler(), *([logging.FileHandler(file)] if file else [])]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", handlers=handlers)
+
+
+class Results:
+    """OUT/results.json: {"meta": header, "stages": figures by measurement, "errors": tracebacks},
+    rewritten whole after every stage, so a run cut short keeps what it measured."""
+
+    def __init__(self, out: Path, meta: dict):
+        self.out = out
+        self.data = {"meta": meta, "stages": {}, "errors": {}}
+
+    def put(self, stage: str, value: dict) -> None:
+        self.data["stages"][stage] = value
+        self.save()
+
+    def error(self, stage: str, err: BaseException) -> None:
+        self.data["errors"][stage] = "".join(traceback.format_exception(err))[-4000:]
+        logging.getLogger("bench").error("stage %s failed: %s", stage, err)
+        self.save()
+
+    def save(self) -> None:
+        with atomic_file(self.out / "results.json") as f:
+            f.write(json.dumps(self.data, indent=1, default=str) + "\n")
+
+
+class GpuMemoryPoller:
+    """Peak `memory.used` per GPU (MiB) from nvidia-smi, sampled every 0.25 s."""
+
+    def __init__(self):
+        self.peak: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=5,
+                ).stdout
+                for line in out.strip().splitlines():
+                    i, used = (int(x) for x in line.split(","))
+                    self.peak[i] = max(self.peak.get(i, 0), used)
+            except Exception:  # noqa: BLE001 - no nvidia-smi on CPU
+                return
+            self._stop.wait(0.25)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 # ---------------------------------------------------------------- this file's own record: a finished run

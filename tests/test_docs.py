@@ -10,7 +10,7 @@ from pathlib import Path
 
 from workflow import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 QUICK_START = [
     "./draftline snakemake --cores all results/checkpoint/final",
@@ -73,7 +73,7 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_links_lead_somewhere():
-    """Relative links in README.md and docs/*.md name a file that exists and, with #anchor, a
+    """Relative links in README.md and docs/**/*.md name a file that exists and, with #anchor, a
     heading in it: a section moved out of the README leaves no link pointing at its old place."""
     broken = []
     for page in PAGES:

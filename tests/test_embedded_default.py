@@ -5,12 +5,14 @@ config; then what the README and docs (pipeline.md, evaluation.md) promise of it
 beats an untrained one in vLLM's speculative decoding on the test prompts, every speculative
 output equals the target's own, and `snakemake --report` writes the five plots.
 
-The run's config is the default with two changes no assertion reads: one of its three named sets
-is measured (KEPT_SET), and latency at batch 1 is timed on fewer prompts (BATCH1_PROMPTS). Each
-named set is an evaluate_set job of its own (two engines) on the same code path, so the other two
-would repeat it on 16 other prompts; their files are read and fitted here with the run's own
-tokenizer and settings instead, test_eval_sets.py reads them as the stage does, and the dry runs
-of test_evaluate.py and test_lineage.py plan a job for each set the shipped config names.
+The run's config is the default with three changes no assertion reads: every set is measured in
+one job (evaluate.sets_in_one_job: each engine starts once for all sets instead of once per set;
+the per-set jobs of the default run in the tiny DAGs of test_algorithms.py, test_reruns.py and
+test_slurm.py), one of its three named sets is measured (KEPT_SET), and latency at batch 1 is timed
+on fewer prompts (BATCH1_PROMPTS). The other two named sets would repeat the code path on 16 other
+prompts; their files are read and fitted here with the run's own tokenizer and settings instead,
+test_eval_sets.py reads them as the stage does, and the dry runs of test_evaluate.py and
+test_lineage.py plan a job for each set the shipped config names.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def default_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("embedded-default")
     shutil.copytree(REPO / "resources" / "prompts", workdir / "resources" / "prompts")
     evaluate = {**SHIPPED["evaluate"], "prompt_sets": {KEPT_SET: SHIPPED["evaluate"]["prompt_sets"][KEPT_SET]},
-                "batch1_prompts": BATCH1_PROMPTS}
+                "batch1_prompts": BATCH1_PROMPTS, "sets_in_one_job": True}
     write_config(workdir, {**SHIPPED, "evaluate": evaluate})
     snakemake(workdir, "--cores", "all", timeout=3600)  # the default target: all
     report = subprocess.run(

@@ -421,7 +421,7 @@ def test_layer_ids_from_another_target_are_rejected(tiny_model, tmp_path):
 # --- hidden_states.format fp8 ------------------------------------------------------------------
 
 # float8_e4m3fn keeps 3 mantissa bits: at most 2^-4 relative error per value at the per-token
-# scale, a few percent in norm (measured on this model: benchmarks/results/fp8_hidden_states.md).
+# scale, a few percent in norm (measured on this model: benchmarks/results/hidden_state_modes.md, its Supersedes).
 FP8_MAX_RELATIVE_ERROR = 0.05
 
 

@@ -170,7 +170,7 @@ def test_sizing_table_matches_the_measured_8b_rates():
     assert est["rates_tokens_per_s"]["extraction"] == pytest.approx(29_500, rel=0.02)
     assert est["rates_tokens_per_s"]["training"] == pytest.approx(28_138)
     assert est["bytes_per_token"] == 32_776  # measured: 4 layers x 4096 x 2 B + the token id
-    assert sizing.LLAMA_8B.active_linear == 6_979_321_856  # docs/gpu.md's P_lin
+    assert sizing.LLAMA_8B.active_linear == 6_979_321_856  # docs/sizing.md's P_active
     assert est["device_hours"]["regeneration"] == 0
 
     # the H100 record's rows: 14.50 GFLOP per token (mean row 2,022 tokens, token-weighted 2,066)

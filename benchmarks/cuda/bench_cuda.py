@@ -20,15 +20,15 @@ rows of realistic length, then runs the pipeline's own code on them:
   the vllm backend against plain vLLM prefill of the same rows and the transformers backend, each
   in a fresh process, alternated, `--rounds` times, paired per round; `regeneration`, greedy
   answers through `regenerate_shard` at the 8B recipe's batch sizes, engine start apart.
-One module per measurement, beside this entry point: common.py (sizes, results file, device
-and host facts, the random target and dataset), compute.py (matmul rate, decoder work, compute
+One module per measurement, beside this entry point: common.py (sizes, the random target and
+dataset), compute.py (matmul rate, decoder work, compute
 limit), extraction.py (the stage, the plain forward, the variants), fresh_process.py (the stage's
 first and warm calls in a fresh process; `bench_cuda.py extract-calls` is its child),
 training.py (train, reference forward+backward, checkpoint check), shards.py (two shards at
 once; `bench_cuda.py extract-shard` is one shard), extraction_vllm.py (`bench_cuda.py
 extract-variant` is one variant's process), regeneration.py (`bench_cuda.py regenerate-batches`
-is its process), report.py (results.md). The header (command,
-commit, versions) comes from the benchmarks' harness, benchmarks/record_run.py.
+is its process), report.py (results.md). The record (header, results file, device and host
+facts, GPU memory) is the benchmarks' one harness's, benchmarks/record_run.py.
 Each stage appends its figures to OUT/results.json (rewritten after every stage, so a run cut
 short keeps what it measured) and OUT/results.md is written at the end. `--size tiny` runs the
 same code on a toy target (on CPU when there is no GPU) to check the script.
@@ -37,7 +37,6 @@ same code on a toy target (on CPU when there is no GPU) to check the script.
 from __future__ import annotations
 
 import argparse
-import logging
 import shlex
 import sys
 import time
@@ -47,11 +46,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the measurement modules beside it
 
-from common import SIZES, Results, build_data, build_target, git_commit, gpu_info, host_info, log, versions  # noqa: E402
+from common import SIZES, build_data, build_target, log  # noqa: E402
 from compute import compute_limit, decoder_work, matmul_rate  # noqa: E402
 from extraction import extraction, extraction_variants, plain_forward  # noqa: E402
 from extraction_vllm import extract_variant_main, extraction_vllm  # noqa: E402
 from fresh_process import extract_calls_main, headline  # noqa: E402
+from record_run import Results, git_commit, gpu_info, gpu_versions, host_info, log_to  # noqa: E402
 from regeneration import recipe_settings, regenerate_batches_main, regeneration  # noqa: E402
 from shards import extract_shard_main, parallel_shards  # noqa: E402
 from training import checkpoint_check, reference_fwd_bwd, training  # noqa: E402
@@ -107,11 +107,10 @@ def main() -> None:
         a.stages = EXTRACTION_STAGES
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                        handlers=[logging.StreamHandler(), logging.FileHandler(a.out / "bench.log")])
+    log_to(a.out / "bench.log")
     stages = a.stages.split(",")
     res = Results(a.out, {"command": shlex.join([sys.executable, *sys.argv]), "size": a.size, "gpu": gpu_info(),
-                          "versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "args": vars(a),
+                          "versions": gpu_versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "args": vars(a),
                           "commit": git_commit(), "host": host_info()})
     target = a.work / "target"
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

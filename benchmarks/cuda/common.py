@@ -1,30 +1,19 @@
-"""What every CUDA measurement shares: the target sizes, the results file, the device and host
-facts, and the random target and dataset the measurements run on.
-
-The header (command, commit, versions) comes from the benchmarks' one harness,
-benchmarks/record_run.py.
+"""What every CUDA measurement runs on: the target sizes, the random target and its tokenizer, the
+random dataset. The record (header, results file, device and host facts, GPU memory) is the
+benchmarks' one harness's, benchmarks/record_run.py, which this puts on the path.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
-import subprocess
 import sys
-import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
-
-import record_run  # noqa: E402
-
-from draftline.runtime.atomic import atomic_file  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -43,116 +32,9 @@ SIZES = {
 }
 
 
-class Results:
-    def __init__(self, out: Path, meta: dict):
-        self.out = out
-        self.data = {"meta": meta, "stages": {}, "errors": {}}
-
-    def put(self, stage: str, value: dict) -> None:
-        self.data["stages"][stage] = value
-        self.save()
-
-    def error(self, stage: str, err: BaseException) -> None:
-        self.data["errors"][stage] = "".join(traceback.format_exception(err))[-4000:]
-        log.error("stage %s failed: %s", stage, err)
-        self.save()
-
-    def save(self) -> None:
-        with atomic_file(self.out / "results.json") as f:  # rewritten after every stage: never half-written
-            f.write(json.dumps(self.data, indent=1, default=str) + "\n")
-
-
-class GpuMemoryPoller:
-    """Peak `memory.used` per GPU (MiB) from nvidia-smi, sampled every 0.25 s."""
-
-    def __init__(self):
-        self.peak: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                    capture_output=True, text=True, timeout=5,
-                ).stdout
-                for line in out.strip().splitlines():
-                    i, used = (int(x) for x in line.split(","))
-                    self.peak[i] = max(self.peak.get(i, 0), used)
-            except Exception:  # noqa: BLE001 - no nvidia-smi on CPU
-                return
-            self._stop.wait(0.25)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def versions() -> dict:
-    """Python's and the packages' versions (the harness's lookup), vLLM's where it is importable, and
-    torch's CUDA."""
-    out = record_run.versions("torch", "transformers", "speculators", "safetensors", "datasets", "hs-connectors")
-    if (vllm := record_run.vllm_version()) is not None:
-        out["vllm"] = vllm
-    out["cuda"] = torch.version.cuda
-    return out
-
-
-def gpu_info() -> dict:
-    if not torch.cuda.is_available():
-        return {"device": "cpu"}
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
-    return {"device": "cuda", "count": torch.cuda.device_count(), "nvidia_smi": smi,
-            "name": torch.cuda.get_device_name(0),
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count}
-
-
-def git_commit() -> str | None:
-    """The commit measured: $BENCH_COMMIT (the device machine gets a copy of the tree, no git),
-    else this checkout's (the harness's `git_commit`)."""
-    return os.environ.get("BENCH_COMMIT") or record_run.git_commit()
-
-
-def host_info() -> dict:
-    """CPU count, memory and the dirty-page limits (the stage never syncs: its files go to the
-    page cache first)."""
-    out: dict = {"cpus": os.cpu_count()}
-    for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes"):
-        try:
-            out[f"vm.{name}"] = Path(f"/proc/sys/vm/{name}").read_text().strip()
-        except OSError:
-            pass
-    try:
-        out["MemTotal"] = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split(":")[1].strip()
-    except (OSError, StopIteration):
-        pass
-    return out
-
-
-def summarize(vals: list[float]) -> dict:
-    v = sorted(vals)
-    return {"n": len(v), "min": v[0],
-            "median": v[len(v) // 2] if len(v) % 2 else round((v[len(v) // 2 - 1] + v[len(v) // 2]) / 2, 3),
-            "max": v[-1], "all": vals}
-
-
-def meminfo(*keys: str) -> dict:
-    try:
-        rows = dict(x.split(":", 1) for x in Path("/proc/meminfo").read_text().splitlines())
-        return {k: rows[k].strip() for k in keys if k in rows}
-    except OSError:
-        return {}
 
 
 # ---------------------------------------------------------------- the target and data measured

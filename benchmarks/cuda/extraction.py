@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import log, summarize, sync
+from common import log, sync
+from record_run import summarize
 
 
 def extraction(work: Path, target: Path, batch_tokens: int, flops_per_token: float | None, tflops: float | None) -> dict:

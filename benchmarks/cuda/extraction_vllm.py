@@ -34,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import ENTRY, log, summarize
+from common import ENTRY, log
+from record_run import summarize
 
 VARIANTS = ("stage_vllm", "plain_prefill", "stage_transformers")
 # The goal of issue 34: the stage's steady rate within this fraction of plain prefill.

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import ENTRY, log, meminfo
+from common import ENTRY, log
+from record_run import meminfo
 
 
 def extract_calls_main() -> None:

@@ -45,10 +45,13 @@ RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_en
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 256 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default" "rates")
 
-config_args() {  # the --configfile options of run $1, one per line: a preset of its name, then the host's overlay
-  local name=${1%-sets}; [[ $name == ddp ]] && name=default
-  [[ -f "$REPO/config/presets/$name.yaml" ]] && echo "--configfile=config/presets/$name.yaml"
-  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && echo "--configfile=benchmarks/cuda/h200_configs/$name.yaml"
+config_args() {  # the config files of run $1 as one --configfile option, one word per line: a preset of its
+  # name, then the host's overlay (one option: Snakemake keeps only the last of several --configfile
+  # options, and the option takes every word after it, so targets go before it)
+  local name=${1%-sets} files=(); [[ $name == ddp ]] && name=default
+  [[ -f "$REPO/config/presets/$name.yaml" ]] && files+=("config/presets/$name.yaml")
+  [[ -f "$REPO/benchmarks/cuda/h200_configs/$name.yaml" ]] && files+=("benchmarks/cuda/h200_configs/$name.yaml")
+  (( ${#files[@]} )) && printf '%s\n' --configfile "${files[@]}"
   return 0
 }
 
@@ -70,8 +73,8 @@ run_command() {  # the command of run $1 (in its copy), one word per line
     default|dspark|sharegpt) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
     # the sets alone: a draft type's session (dspark) pairs with them
     default-sets|dspark-sets) printf '%s\n' bash -c "$sets" ;;
-    preflight) printf '%s\n' "${smk[@]}" preflight ;;
-    online) printf '%s\n' "${smk[@]}" results/checkpoint/final ;;
+    preflight) printf '%s\n' "${smk[@]:0:2}" preflight "${smk[@]:2}" ;;
+    online) printf '%s\n' "${smk[@]:0:2}" results/checkpoint/final "${smk[@]:2}" ;;
     tp2) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;
     ddp) printf '%s\n' "${smk[@]}" --set-resources train:gpu=2 ;;  # default's draft, trained on both GPUs
     tp2-states) printf '%s\n' ./draftline python benchmarks/cuda/tp_states.py "$W/tp2/repo" --tensor-parallel-size 2 \
@@ -109,7 +112,7 @@ start_run() {
     # a fresh machine rebuilds the target; the answers of an earlier visit go in after it, touched, so
     # Snakemake finds them newer than their inputs and reruns nothing before tokenization
     local conf; mapfile -t conf < <(config_args "$run")
-    (cd "$dir/repo" && ./draftline snakemake --cores all "${conf[@]}" resources/target/SmolLM2-135M-Instruct \
+    (cd "$dir/repo" && ./draftline snakemake resources/target/SmolLM2-135M-Instruct --cores all "${conf[@]}" \
       && tar xzf "$dir/resume.tgz" && tar tzf "$dir/resume.tgz" | grep -v '/$' | grep '^results' | xargs touch) \
       >> "$dir/run.log" 2>&1 && echo "$run: resumed from $dir/resume.tgz" || { echo "$run: resume failed (run.log)"; return 2; }
   fi

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 import yaml
-from common import ENTRY, log, summarize
+from common import ENTRY, log
+from record_run import summarize
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "resources" / "prompts" / "default.jsonl"

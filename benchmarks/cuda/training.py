@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import GpuMemoryPoller, sync
+from common import sync
+from record_run import GpuMemoryPoller
 
 
 def train_inputs(work: Path, target: Path):
