@@ -15,10 +15,8 @@ sys.path.insert(0, str(SRC))
 
 from draftline.algorithms import draft_settings  # noqa: E402
 from draftline.planning import plan as planning  # noqa: E402
-
-from draftline.planning import sizing
-from draftline.planning.cluster import snakemake_executor  # noqa: E402
-from draftline.planning.config_schema import CommandLineError, command_line_config, validation_error  # noqa: E402
+from draftline.planning.config_files import EvaluationSets  # noqa: E402
+from draftline.settings.command_line import CommandLineError, command_line_config, validation_error  # noqa: E402
 from draftline.planning.rule_params import code_hash, pinned_versions  # noqa: E402
 from draftline.sources import source_files  # noqa: E402
 
@@ -38,16 +36,8 @@ except WorkflowError as error:
     raise WorkflowError(validation_error(error, _COMMAND_LINE)) from None
 
 
-# Decided here, not inside jobs, so they are params and decide staleness (draftline.planning.plan). The
-# `gpu` a profile or --set-resources sets per rule is passed as plain values.
-_SET = workflow.resource_settings.overwrite_resources or {}
-_GPUS = {step: _SET.get(step, {}).get("gpu") for step in ("train", *planning.VLLM_RULES)}
-try:
-    PLAN = planning.plan(config, workdir=Path.cwd(), repo=REPO, executor=snakemake_executor(),
-                         remote_exec=workflow.remote_exec, gpu_overrides=sizing.gpu_overrides(_GPUS),
-                         no_job=planning.no_job_command(sys.argv))
-except planning.PlanningError as error:
-    raise WorkflowError(str(error)) from None
+PLAN = planning.planned(config, workflow, sys.argv)  # decided here, not in jobs: params decide staleness
+EVALUATION_SETS = EvaluationSets(config["evaluate"]["prompt_sets"])  # as the plan kept them
 # What the rules read from the plan (PLAN itself for the stages' settings objects). TARGET_PATH is
 # the folder jobs read, a param that never decides staleness (Snakemake skips a Path); the
 # TARGET_IDENTITY param stands for its content. DEVICE_SETTING: the config's `device` as written,
@@ -62,8 +52,7 @@ VLLM_RANKS, TRAIN_GPUS, ONE_NODE = PLAN.vllm_ranks, PLAN.default_train_gpus, 1
 
 
 onstart:
-    # Code is tracked by content (the `code` param), not by the scripts' mtimes.
-    if RerunTrigger.CODE in workflow.rerun_triggers:
+    if RerunTrigger.CODE in workflow.rerun_triggers:  # code is tracked by content (the `code` param), not mtimes
         planning.say(planning.CODE_TRIGGER_ON)
 
 
@@ -135,38 +124,13 @@ def regeneration_shards():
     return expand("results/regenerated/shard_{shard}", shard=range(config["regenerate"]["shards"]))
 
 
-HELD_OUT_SETS = {"validation": "results/prompts/validation.jsonl", "test": "results/prompts/test.jsonl"}
-
-
-def evaluation_sets():
-    """The prompt sets evaluated, in order: validation, test, then evaluate.prompt_sets' names."""
-    return [*HELD_OUT_SETS, *config["evaluate"]["prompt_sets"]]
-
-
-def evaluation_records():
-    return expand("results/eval/sets/{prompt_set}.json", prompt_set=evaluation_sets())
-
-
-def evaluation_set_source(wildcards):
-    """A set's file as the job reads it: the held-out split, or the configured path."""
-    return HELD_OUT_SETS.get(wildcards.prompt_set) or config["evaluate"]["prompt_sets"][wildcards.prompt_set]
-
-
-def evaluation_set_files(wildcards):
-    """A set's files (a dataset folder's files too), so an edit reruns that set's evaluation."""
-    if wildcards.prompt_set in HELD_OUT_SETS:
-        return HELD_OUT_SETS[wildcards.prompt_set]
-    return source_files([config["evaluate"]["prompt_sets"][wildcards.prompt_set]])
-
-
 def hidden_state_shards():
     return expand("results/hidden_states/shard_{shard}", shard=PLAN.shards)
 
 
 def hidden_states_output(path):
-    """A hidden-state folder output: temp() under hidden_states.release_after_training, deleted once
-    every job reading it has run; training lists the shards among its inputs (always: switching the
-    option reruns nothing), so they outlive the view. A later rerun of training re-extracts them."""
+    """A hidden-state folder output: temp() under hidden_states.release_after_training, deleted once every job
+    reading it ran; training lists the shards (always: switching it reruns nothing), so they outlive the view."""
     return temp(directory(path)) if config["hidden_states"]["release_after_training"] else directory(path)
 
 

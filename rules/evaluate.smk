@@ -30,7 +30,7 @@ EVALUATION_PARAMS = dict(
 
 
 wildcard_constraints:
-    prompt_set="|".join(evaluation_sets()),
+    prompt_set="|".join(EVALUATION_SETS.names()),
 
 
 localrules:
@@ -43,7 +43,7 @@ if not config["evaluate"]["sets_in_one_job"]:
         input:
             target=target_input(),
             # the set's file (a dataset folder's files), so an edit reruns this set only
-            prompts=evaluation_set_files,
+            prompts=EVALUATION_SETS.files,
             draft=rules.train.output[0],
         output:
             acceptance="results/eval/sets/{prompt_set}.json",
@@ -62,7 +62,7 @@ if not config["evaluate"]["sets_in_one_job"]:
         params:
             code=code("stages.evaluate", script="evaluate_set"),
             # the set's file as configured (relative to the working folder)
-            source=evaluation_set_source,
+            source=EVALUATION_SETS.source,
             **EVALUATION_PARAMS,
         script:
             "../scripts/evaluate_set.py"
@@ -74,10 +74,10 @@ else:  # evaluate.sets_in_one_job: each engine starts once for every set; the sa
     rule evaluate_sets:
         input:
             target=target_input(),
-            prompts=[evaluation_set_files(SimpleNamespace(prompt_set=name)) for name in evaluation_sets()],
+            prompts=[EVALUATION_SETS.files(SimpleNamespace(prompt_set=name)) for name in EVALUATION_SETS.names()],
             draft=rules.train.output[0],
         output:
-            acceptance=evaluation_records(),
+            acceptance=EVALUATION_SETS.records(),
         log:
             "logs/evaluate/sets.log",
         benchmark:
@@ -90,7 +90,7 @@ else:  # evaluate.sets_in_one_job: each engine starts once for every set; the sa
             nodes=ONE_NODE,
         params:
             code=code("stages.evaluate", script="evaluate_sets"),
-            sets={name: evaluation_set_source(SimpleNamespace(prompt_set=name)) for name in evaluation_sets()},
+            sets={name: EVALUATION_SETS.source(SimpleNamespace(prompt_set=name)) for name in EVALUATION_SETS.names()},
             **EVALUATION_PARAMS,
         script:
             "../scripts/evaluate_sets.py"
@@ -127,7 +127,7 @@ rule evaluate_baseline:
 
 rule evaluate:
     input:
-        sets=evaluation_records(),
+        sets=EVALUATION_SETS.records(),
         baseline=rules.evaluate_baseline.output.acceptance,
     output:
         acceptance=report(
@@ -141,6 +141,6 @@ rule evaluate:
         "../envs/gpu.yaml"
     params:
         code=code("stages.evaluate_merge", script="evaluate_merge"),
-        sets=evaluation_sets(),
+        sets=EVALUATION_SETS.names(),
     script:
         "../scripts/evaluate_merge.py"

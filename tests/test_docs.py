@@ -154,13 +154,13 @@ def test_the_settings_tables_defaults_are_the_schemas_and_the_configs():
     the table names has a default in the schema."""
     import yaml
 
-    from draftline.planning import config_schema
+    from draftline.settings import docs_table
 
     page = (REPO / "docs" / "configuration.md").read_text()
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    assert page == config_schema.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.planning.config_schema"
+    assert page == docs_table.settings_page(page, config), "run: PYTHONPATH=src python -m draftline.settings.docs_table"
     # the column follows a change: config.yaml's epochs shown beside the schema's
-    changed = config_schema.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
+    changed = docs_table.settings_page(page, {**config, "train": {**config["train"], "epochs": 9}})
     assert "| `train.epochs`, `lr`, `optimizer` | 3 (config.yaml: 9), 0.001, auto |" in changed
 
 

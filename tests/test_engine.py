@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from draftline.planning.config_schema import SCHEMA
 from draftline.planning.rule_params import resolved_settings
 from draftline.runtime import vllm_engine as engine
 from draftline.runtime.vllm_engine import BIND, NotEnoughCores, configure_vllm_cpu, cpu_bind_lists
+from draftline.settings.schema import SCHEMA
 
 
 def test_each_rank_gets_cores_of_its_own():
@@ -196,7 +196,7 @@ def test_the_schema_alone_says_which_vllm_settings_change_outputs():
     (engine_outputs) and only those do; the docs' table lists them as the schema marks them."""
     import re
 
-    from draftline.planning.config_schema import output_changing
+    from draftline.settings import output_changing
 
     marked = set(output_changing("vllm"))
     assert set(CHANGED) == set(yaml_vllm_keys()), "a new vllm.* key needs a changed value here"

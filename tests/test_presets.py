@@ -484,7 +484,7 @@ def test_the_sizing_adds_the_filesystems_time_to_write_and_read_the_hidden_state
     from snakemake.utils import validate
 
     from draftline.planning import sizing
-    from draftline.planning.config_schema import default
+    from draftline.settings import default
 
     def estimate(**blocks):
         config = {"prompts": {"sources": ["x.jsonl"]}, "train": {"epochs": 2}, **blocks}
@@ -570,7 +570,7 @@ def test_command_line_values_take_the_schemas_types_and_a_bad_one_names_its_key(
     import jsonschema
     from snakemake.exceptions import WorkflowError
 
-    from draftline.planning.config_schema import CommandLineError, command_line_config, validation_error
+    from draftline.settings.command_line import CommandLineError, command_line_config, validation_error
 
     config = recipe_config_default()
     given = {"tokenize": {"max_seq_len": "512"}, "train": {"lr": "3e-4", "fsdp": "true"}, "run_name": 2026,

@@ -26,7 +26,7 @@ STAGES = {
 # What stages share: the files between them, the seams, the job's runtime, the lineage, the
 # plan-time layer (planning/, but for its driver) and the fidelity check; the data sources.
 SHARED_PACKAGES = ("artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "planning", "fidelity",
-                   "sources")
+                   "sources", "settings")
 SHARED_MODULES = {"draftline", "draftline.stages"}
 # What runs several stages' own code: the checks on a few rows before a run (`preflight`; they
 # import stages, so a fix in one reruns them) and the run's plan at parse time (`planning.plan`,
@@ -113,6 +113,31 @@ def test_no_module_imports_a_driver():
         assert not imported, f"{name} imports {imported}"
 
 
+def test_the_settings_are_the_bottom_layer():
+    """draftline.settings (the config's typed blocks, their defaults, the schema) imports no other
+    draftline package: everything reads its settings there, so it can stand below everything."""
+    for name in _package_modules("settings"):
+        outside = {m for m in GRAPH[name] if not m.startswith("draftline.settings")}
+        assert not outside, f"{name} imports {outside}"
+
+
+# Below the plan (planning/ drives the stages, and only the drivers and scripts import it): what reads a
+# setting, its default or its check against the target reads it from draftline.settings.
+BELOW_PLANNING = ("settings", "artifacts", "backends", "algorithms", "testing", "runtime", "lineage", "fidelity", "sources",
+                  "stages")
+
+
+@pytest.mark.parametrize("layer", BELOW_PLANNING)
+def test_the_layers_below_planning_never_import_it(layer):
+    for name in _package_modules(layer):
+        upward = {m for m in GRAPH[name] if m.startswith("draftline.planning")}
+        assert not upward, f"{name} imports {upward}"
+
+
+def _package_modules(package: str) -> set[str]:
+    return {m for m in MODULES if m == f"draftline.{package}" or m.startswith(f"draftline.{package}.")}
+
+
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_a_stage_imports_no_other_stage(stage):
     others = _stage_modules(s for s, step in STAGES.items() if step != STAGES[stage])
@@ -176,7 +201,7 @@ def test_every_registered_algorithm_is_selectable_and_named_as_speculators_names
 
 
 def test_settings_defaults_are_the_schemas():
-    from draftline.planning.config_schema import default
+    from draftline.settings import default
     from draftline.stages.evaluate import EvaluateSettings
     from draftline.stages.regenerate import RegenerateSettings
     from draftline.stages.tokenize import TokenizeSettings
@@ -197,7 +222,7 @@ ONE_DEFAULT = {("vllm_engine.py", "gpu_memory_share"), ("vllm_engine.py", "plann
 
 def test_each_engine_setting_has_one_default():
     """A vllm.* setting's default is the schema's (the validated config holds it; a settings field
-    takes `default("vllm", key)`), and its null is resolved in one function (ONE_DEFAULT): nothing in
+    takes `DEFAULTS.vllm.key`), and its null is resolved in one function (ONE_DEFAULT): nothing in
     src/ decides a second one, as a `.get(key, 0.9)`, a `value or 0.9`, a field or parameter
     `= 0.9`, a `gpu_memory_utilization=0.9` argument or a GPU_MEMORY constant of its own."""
     schema = yaml.safe_load((REPO / "config" / "schema" / "config.schema.yaml").read_text())
@@ -212,6 +237,9 @@ def test_each_engine_setting_has_one_default():
         return isinstance(node, ast.Attribute) and node.attr in keys
 
     def schema_default(node) -> bool:
+        """`node` reads the one default: default("vllm", key) or DEFAULTS.vllm.key."""
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            return node.value.attr == "vllm" and getattr(node.value.value, "id", None) == "DEFAULTS"
         return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "default" and \
             bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "vllm"
 

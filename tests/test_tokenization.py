@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from draftline.planning.config_schema import default
+from draftline.settings import default
 from draftline.stages.tokenize import (
     TemplateError,
     TokenizeSettings,

@@ -102,7 +102,7 @@ def test_nested_settings_from_the_command_line_are_taken_as_the_schemas_types(tm
 def test_dotted_nested_settings_from_the_command_line_are_taken(tmp_path):
     """`./draftline snakemake --config train.lr=3e-4 tokenize.max_seq_len=512`: the dotted form,
     which Snakemake's own parser refuses, reaches the plan as the block form does (./draftline
-    rewrites it, config_schema.rewrite_config_args), and a bad value names its dotted key."""
+    rewrites it, draftline.settings.command_line.rewrite_config_args), and a bad value names its dotted key."""
     import os
     import subprocess
     import sys

@@ -39,7 +39,7 @@ def recipe_settings() -> dict:
     """The 8B recipe's regeneration sizes (config/presets/dense_8b.yaml over the schema's
     defaults): the batches it runs (preflight's batch, then regenerate.chunk_conversations),
     max_new_tokens and max_model_len (tokenize.max_seq_len)."""
-    from draftline.planning.config_schema import default
+    from draftline.settings import default
 
     preset = yaml.safe_load(RECIPE.read_text())
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from draftline.planning.config_schema import default
+from draftline.settings import DEFAULTS, DraftBlock
 
 # name (config draft.algorithm = speculators' speculator_type) -> module holding ALGORITHM
 ALGORITHMS = {
@@ -65,16 +65,20 @@ def proposal_length(config: dict) -> int | None:
 class DraftSettings:
     """The `draft:` config block plus the training settings the config depends on."""
 
-    num_layers: int = default("draft", "num_layers")
-    ttt_steps: int = default("train", "ttt_steps")  # positions trained per step, vLLM's default k
-    block_size: int = default("draft", "block_size")  # dflash: tokens proposed per forward pass
-    num_depths: int = default("draft", "num_depths")  # peagle: parallel depths trained
-    sample_from_anchor: bool | None = default("draft", "sample_from_anchor")  # dspark: the anchor proposes too
+    num_layers: int = DEFAULTS.draft.num_layers
+    ttt_steps: int = DEFAULTS.train.ttt_steps  # positions trained per step, vLLM's default k
+    block_size: int = DEFAULTS.draft.block_size  # dflash: tokens proposed per forward pass
+    num_depths: int = DEFAULTS.draft.num_depths  # peagle: parallel depths trained
+    sample_from_anchor: bool | None = DEFAULTS.draft.sample_from_anchor  # dspark: the anchor proposes too
 
     @classmethod
-    def from_config(cls, block: dict, **more) -> DraftSettings:
-        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block and k not in more}
-        return cls(**known, **more)
+    def from_config(cls, block: dict | DraftBlock, **more) -> DraftSettings:
+        """The `draft:` block (or the part of it a rule's param holds) read as its model, DraftBlock
+        (a key left out is its default), with `more` (train.ttt_steps) beside it."""
+        if not isinstance(block, DraftBlock):
+            block = DraftBlock.model_validate({k: v for k, v in block.items() if k in DraftBlock.model_fields})
+        return cls(**{k: getattr(block, k) for k in cls.__dataclass_fields__ if k in DraftBlock.model_fields and k not in more},
+                   **more)
 
 
 class DraftAlgorithm(Protocol):

@@ -25,11 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline.settings import DEFAULTS, HiddenStateFormat
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"  # in every published shard and in the view
 STAGING_KEY = "key.json"  # in a staging folder: the settings its files were made with
-FORMATS = ("full", "fp8")  # config hidden_states.format
 # speculators' Trainer flag `--hidden-states-backend` that reads each format
 TRAINER_BACKEND = {"full": "file", "fp8": "fp8"}
 FP8_DTYPE = "float8_e4m3fn"
@@ -65,7 +66,7 @@ def validate_hidden_state_file(
     *,
     row: int | None = None,
     dtype: str | None = None,
-    format: str = "full",
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format,
 ) -> int:
     """Check one file against its dataset row; return its token count.
 
@@ -95,13 +96,11 @@ def validate_hidden_state_file(
     tokens = [int(t) for t in input_ids]
     if format == "fp8":
         data = _dequantized(data, where)
-    elif format == "full" and "hidden_states_scales" in data:
+    elif "hidden_states_scales" in data:
         raise HiddenStateFileError(
             f"{where}: an fp8 file (it has hidden_states_scales) where format full is expected; "
             "it was made with another hidden_states.format: rerun its extraction"
         )
-    elif format != "full":
-        raise ValueError(f"hidden-state format {format!r}: expected one of {', '.join(FORMATS)}")
     try:
         # speculators' own check: keys present, token ids equal, length matches, all finite.
         check_hidden_states(data, tokens)
@@ -154,7 +153,7 @@ def write_manifest(folder: str | Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def read_states(path: str | Path, format: str = "full"):
+def read_states(path: str | Path, format: HiddenStateFormat = DEFAULTS.hidden_states.format):
     """A file's `hidden_states` as the Trainer sees them: an fp8 file through speculators' own
     reader (`hs_connectors.transfer.FP8Transfer`, dequantized to bfloat16), cast to float32."""
     import torch
@@ -206,7 +205,7 @@ def validate_hidden_states(
     hidden_size: int,
     *,
     dtype: str | None = None,
-    format: str = "full",
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format,
     remove_bad_shards: bool = False,
 ) -> int:
     """Check every dataset row's file (open, token ids, shape, dtype, finite); return the tokens.

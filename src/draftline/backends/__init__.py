@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from draftline.runtime.vllm_engine import EngineSettings
+from draftline.settings import DEFAULTS, HiddenStateFormat
 
 # name (config `hidden_states.backend`) -> module holding BACKEND; imported only when chosen
 BACKENDS = {
@@ -39,7 +40,8 @@ class ExtractionRequest:
     dest: Path  # hs_<row>.safetensors land here, each validated
     engine: EngineSettings  # dtype resolved; threads, eager mode, trust_remote_code
     rows_per_call: int = 64  # rows per engine call / per batch
-    format: str = "full"  # hidden_states.format: "full" (the engine dtype) or "fp8" (speculators' FP8 layout)
+    # hidden_states.format: full (the engine dtype) or fp8 (speculators' FP8 layout)
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format
     options: dict = field(default_factory=dict)  # the backend's own (e.g. batch_tokens)
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
 from draftline.backends import Extracted, ExtractionRequest
 from draftline.runtime.vllm_engine import has_cuda
+from draftline.settings import DEFAULTS, HiddenStateFormat
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,8 @@ def pad_batch(token_ids: Sequence[Sequence[int]]):
 class HFExtractor:
     """Runs batches through the decoder and hands each row's states to writer threads."""
 
-    def __init__(self, decoder, extracted: Sequence[int], hidden_size: int, dtype: str, format: str = "full"):
+    def __init__(self, decoder, extracted: Sequence[int], hidden_size: int, dtype: str,
+                 format: HiddenStateFormat = DEFAULTS.hidden_states.format):
         import torch
 
         self.decoder = decoder

@@ -24,6 +24,7 @@ from pathlib import Path
 from draftline.artifacts.hidden_states import file_name, validate_hidden_state_file
 from draftline.backends import Extracted, ExtractionRequest
 from draftline.runtime.vllm_engine import has_cuda, shutdown, target_llm
+from draftline.settings import DEFAULTS, HiddenStateFormat
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,9 @@ CUDA_FP8_CONNECTOR = "FP8HiddenStatesConnector"
 CUDA_FP8_CONNECTOR_MODULE = "hs_connectors.fp8_hidden_states_connector"
 
 
-def connector(format: str = "full", cuda: bool | None = None) -> dict:
+def connector(format: HiddenStateFormat = DEFAULTS.hidden_states.format, cuda: bool | None = None) -> dict:
     """The kv_transfer_config entries naming the connector that writes `format` files."""
     cuda = has_cuda() if cuda is None else cuda
-    if format not in ("full", "fp8"):
-        raise ValueError(f"hidden_states.format {format!r}: expected full or fp8")
     if cuda:
         if format == "fp8":
             return {"kv_connector": CUDA_FP8_CONNECTOR, "kv_connector_module_path": CUDA_FP8_CONNECTOR_MODULE}
@@ -49,7 +48,8 @@ def connector(format: str = "full", cuda: bool | None = None) -> dict:
     return {"kv_connector": name, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
 
 
-def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path, format: str = "full") -> dict:
+def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path,
+                             format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> dict:
     """`vllm.LLM` keyword arguments that turn generation into hidden-state extraction."""
     return {
         "speculative_config": {
@@ -68,7 +68,7 @@ def extraction_engine_kwargs(extracted: Sequence[int], storage_dir: str | Path, 
 class Extractor:
     """Runs rows through an extraction engine; each validated file lands in `dest_dir`."""
 
-    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str, format: str = "full"):
+    def __init__(self, llm, n_layers: int, hidden_size: int, dtype: str, format: HiddenStateFormat = DEFAULTS.hidden_states.format):
         self.llm = llm
         self.n_layers = n_layers
         self.hidden_size = hidden_size

@@ -1,117 +1,68 @@
-"""Checks that stop a run early: the config against the target's shape (at parse time), and
-every hidden-state file against its dataset row (before training).
-
-The parse-time part is import-light (json only): the Snakefile calls `check_config` before any
-job is planned, so a layer id, vocabulary or sequence length the target cannot serve fails in
-a second with the config key named, not hours later inside a GPU job.
-"""
+"""The plan's checks of the config (at parse time, before any job is planned), so a setting the
+target cannot serve, or that cannot work for the data, fails in a second with the key named, not
+hours later inside a GPU job. The target's shape and the checks jobs make too are
+draftline.settings.target_shape's (imported here under their names)."""
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
-log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """A config value the target (or the data) cannot serve; the message names the key."""
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    num_hidden_layers: int
-    hidden_size: int
-    vocab_size: int
-    max_position_embeddings: int | None
-    source: str  # where the numbers come from, for messages
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-
-
-# SmolLM2-135M-Instruct as materialized from the packaged GGUF (resources/target/.../config.json);
-# known before the target_model job has written the folder.
-EMBEDDED_SHAPE = TargetShape(
-    num_hidden_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192,
-    source="the embedded SmolLM2-135M-Instruct", num_attention_heads=9, num_key_value_heads=3,
+from draftline.settings import DraftlineConfig, TargetBlock
+from draftline.settings.target_shape import (  # noqa: F401 (the plan's and the tests' names)
+    EMBEDDED_SHAPE,
+    ConfigError,
+    TargetShape,
+    check_aux_layer_ids,
+    check_draft_vocab,
+    check_rows_for_shards,
+    shape_from_config,
+    target_shape,
 )
 
-
-def shape_from_config(config_path: str | Path) -> TargetShape:
-    """The numbers the checks need from a Hugging Face config.json (text config if nested)."""
-    path = Path(config_path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read the target's config ({err}); repair or replace it") from err
-    text = {**raw, **raw.get("text_config", {})} if isinstance(raw.get("text_config"), dict) else raw
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if k not in text]
-    if missing:
-        raise ConfigError(
-            f"{path}: no {', '.join(missing)}; is this a decoder-only language model's config.json?"
-        )
-    max_pos = text.get("max_position_embeddings")
-    heads = text.get("num_attention_heads")
-    kv_heads = text.get("num_key_value_heads", heads)
-    return TargetShape(
-        int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"]),
-        int(max_pos) if max_pos else None, str(path),
-        int(heads) if heads else None, int(kv_heads) if kv_heads else None,
-    )
-
-
-def target_shape(kind: str, target_dir: str | Path) -> TargetShape | None:
-    """The target's shape without loading it: its config.json when the folder exists, the known
-    shape for the embedded model, None for a hub model not downloaded yet (its jobs check)."""
-    config = Path(target_dir) / "config.json"
-    if config.is_file():
-        return shape_from_config(config)
-    if kind == "embedded":
-        return EMBEDDED_SHAPE
-    return None
+log = logging.getLogger(__name__)
 
 
 def check_config(config: dict, shape: TargetShape | None, device: str | None = None) -> None:
     """Config values the target cannot serve, or that cannot work for the data; one ConfigError.
 
-    Only what is knowable from the config, the planned device and the target's config.json:
-    the rest (rows left after tokenization) is checked by the disk_estimate rule before extraction.
+    Only what is knowable from the config (read as its typed blocks: a key left out is its
+    default), the planned device and the target's config.json: the rest (rows left after
+    tokenization) is checked by the disk_estimate rule before extraction.
     """
-    check_parallel(config["target"], config["hidden_states"].get("backend", "vllm"), device, shape)
-    hs = config["hidden_states"]
-    if hs.get("mode") == "online" and hs.get("format", "full") != "full":
+    if shape is not None:  # first: a layer id the target lacks is named with the target's depth
+        check_target_shape(config, shape)
+    typed = DraftlineConfig.model_validate(config)
+    hs = typed.hidden_states
+    check_parallel(typed.target, hs.backend, device, shape)
+    if hs.mode == "online" and hs.format != "full":
         raise ConfigError(
-            f"hidden_states.format = {hs['format']} with hidden_states.mode = online: the format is how "
+            f"hidden_states.format = {hs.format} with hidden_states.mode = online: the format is how "
             "offline hidden-state files are stored, and online mode stores none (its server's files are "
             "read once and deleted); drop hidden_states.format, or set hidden_states.mode: offline"
         )
-    ranks = config["target"].get("tensor_parallel_size", 1) * config["target"].get("pipeline_parallel_size", 1)
+    ranks = typed.target.vllm_ranks
     # 0: the server shares the Trainer's first GPUs (a one-GPU machine)
-    if hs.get("mode") == "online" and device == "cuda" and hs.get("online_server_gpus", 1) not in (0, ranks):
+    if hs.mode == "online" and device == "cuda" and hs.online_server_gpus not in (0, ranks):
         raise ConfigError(
-            f"hidden_states.online_server_gpus = {hs['online_server_gpus']}, but the online server loads the "
+            f"hidden_states.online_server_gpus = {hs.online_server_gpus}, but the online server loads the "
             "target as every vLLM engine of the run does, split over target.tensor_parallel_size x "
             f"pipeline_parallel_size = {ranks} GPU(s): set hidden_states.online_server_gpus: {ranks} (or 0 to "
             "share the Trainer's GPUs, or change target.tensor_parallel_size)"
         )
-    engine_len, max_seq_len = (config.get("vllm") or {}).get("max_model_len"), config["tokenize"]["max_seq_len"]
-    if engine_len is not None and engine_len > max_seq_len and config.get("regenerate", {}).get("enabled", True):
+    engine_len, max_seq_len = typed.vllm.max_model_len, typed.tokenize.max_seq_len
+    if engine_len is not None and engine_len > max_seq_len and typed.regenerate.enabled:
         raise ConfigError(
             f"vllm.max_model_len = {engine_len} is above tokenize.max_seq_len = {max_seq_len}: regeneration would "
             "write answers that tokenization then cuts (and trains on cut conversations); set vllm.max_model_len "
             f"to at most {max_seq_len}, or null (= tokenize.max_seq_len)"
         )
-    shards, max_samples = hs["shards"], config["prompts"]["max_samples"]
+    shards, max_samples = hs.shards, typed.prompts.max_samples
     if max_samples is not None and shards > max_samples:
         raise ConfigError(
             f"hidden_states.shards = {shards} is more than prompts.max_samples = {max_samples} "
             "training conversations, so some shards would have no rows; lower hidden_states.shards"
         )
-    if shape is not None:
-        check_target_shape(config, shape)
-    check_batch_fits_a_conversation(config)
+    check_batch_fits_a_conversation(typed)
 
 
 def check_target_shape(config: dict, shape: TargetShape) -> None:
@@ -129,13 +80,12 @@ def check_target_shape(config: dict, shape: TargetShape) -> None:
         )
 
 
-def check_batch_fits_a_conversation(config: dict) -> None:
+def check_batch_fits_a_conversation(config: DraftlineConfig) -> None:
     """speculators' sampler cuts a sample longer than train.total_seq_len to its first
     total_seq_len tokens (the rest of the conversation is never trained on): below
     tokenize.max_seq_len that is only allowed with train.allow_truncated_samples."""
-    train, max_seq_len = config.get("train") or {}, config["tokenize"]["max_seq_len"]
-    total = train.get("total_seq_len")
-    if total is not None and total < max_seq_len and not train.get("allow_truncated_samples", False):
+    total, max_seq_len = config.train.total_seq_len, config.tokenize.max_seq_len
+    if total < max_seq_len and not config.train.allow_truncated_samples:
         raise ConfigError(
             f"train.total_seq_len = {total} is below tokenize.max_seq_len = {max_seq_len}: speculators' sampler "
             f"cuts every conversation longer than {total} tokens to its first {total} (their ends are never "
@@ -144,10 +94,10 @@ def check_batch_fits_a_conversation(config: dict) -> None:
         )
 
 
-def check_parallel(target: dict, backend: str, device: str | None, shape: TargetShape | None) -> None:
+def check_parallel(target: TargetBlock, backend: str, device: str | None, shape: TargetShape | None) -> None:
     """target.tensor_parallel_size / pipeline_parallel_size that vLLM (0.32, the pinned build)
     would refuse, or fail on, in the middle of a job."""
-    tp, pp = target.get("tensor_parallel_size", 1), target.get("pipeline_parallel_size", 1)
+    tp, pp = target.tensor_parallel_size, target.pipeline_parallel_size
     if pp > 1 and backend == "vllm":
         raise ConfigError(
             f"target.pipeline_parallel_size = {pp}: vLLM's extract_hidden_states method "
@@ -172,35 +122,6 @@ def check_parallel(target: dict, backend: str, device: str | None, shape: Target
         raise ConfigError(
             f"target.tensor_parallel_size = {tp} does not fit the target's {kv_heads} key/value heads "
             f"({shape.source}): it must divide them, or be a multiple of them"
-        )
-
-
-def check_aux_layer_ids(aux: list[int], num_hidden_layers: int, source: str) -> None:
-    """Aux layer ids a target of this depth has: distinct, within 1..n-1 (n is added as the last)."""
-    n = num_hidden_layers
-    bad = [i for i in aux if not 1 <= int(i) < n]
-    if bad or len(set(aux)) != len(aux):
-        raise ConfigError(
-            f"hidden_states.layer_ids = {list(aux)}: {f'{bad} out of range' if bad else 'ids repeat'}; the target has {n} layers "
-            f"({source}), so aux layer ids are distinct and lie within 1..{n - 1} (the last layer, "
-            f"{n}, is always captured as well)"
-        )
-
-
-def check_draft_vocab(draft_vocab_size: int, target_vocab_size: int, source: str) -> None:
-    if draft_vocab_size > target_vocab_size:
-        raise ConfigError(
-            f"vocab.draft_vocab_size = {draft_vocab_size} is larger than the target's vocabulary of "
-            f"{target_vocab_size} tokens ({source}); set it to at most {target_vocab_size}"
-        )
-
-
-def check_rows_for_shards(rows: int, shards: int, where: str) -> None:
-    """More extraction jobs than dataset rows is a config mistake, found once rows are known."""
-    if shards > rows:
-        raise ConfigError(
-            f"hidden_states.shards = {shards} but {where} has only {rows} conversations, so "
-            f"{shards - rows} shard(s) would be empty; set hidden_states.shards to at most {rows}"
         )
 
 

@@ -15,7 +15,6 @@ Relative paths are the working folder's, as in every job: snakemake runs in it (
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,13 @@ from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import manifest_format, read_manifest
 from draftline.fidelity import FidelitySettings, resolve_min_top1
 from draftline.lineage.target_hash_cache import RUN_FILE, SharedHashCache, local_target_files
-from draftline.planning.cluster import cluster_device, jobs_leave_this_machine
+from draftline.planning.cluster import cluster_device, jobs_leave_this_machine, snakemake_executor
 from draftline.planning.config_checks import ConfigError, TargetShape, check_config, config_notes, target_shape
+from draftline.planning.config_files import PlanningError, check_prompt_sources, check_relative_paths
 from draftline.planning.rule_params import VLLM_DIST, DeviceSetting, PlanError, pinned_versions, resolved_settings
 from draftline.planning.sizing import planned_train_gpus, planned_training_rows
 from draftline.runtime.vllm_engine import EngineSettings, EngineSettingsError, engine_settings, output_settings
-from draftline.sources import PromptError, check_sources
+from draftline.settings import DraftlineConfig
 from draftline.stages.disk_estimate import (
     DiskLimit,
     DiskLimitError,
@@ -78,10 +78,6 @@ NO_JOB_FLAGS = ("--unlock", "--cleanup-metadata", "--cm", "--list-changes", "--l
 def no_job_command(argv: list[str]) -> str | None:
     """The flag of a Snakemake command in `argv` that runs no job (NO_JOB_FLAGS), else None."""
     return next((arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in NO_JOB_FLAGS), None)
-
-
-class PlanningError(ValueError):
-    """The config cannot be planned; the message says what is wrong, where, and what to do."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,7 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     resolved = resolved_settings(config, device, train_gpus)
     if not remote_exec:
         say(planned_line(config, device, resolved, executor if on_cluster else None))
-    vllm_ranks = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+    vllm_ranks = DraftlineConfig.read(config).target.vllm_ranks
     check_gpu_overrides(gpu_overrides, vllm_ranks)
     config["run_name"] = config["run_name"] or workdir.name  # the report's and summary's title; compared by no param
     # the target as the summary names it (SmolLM2-135M-Instruct, not "embedded"), for the report's
@@ -185,16 +181,17 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     for line in [] if remote_exec else config_notes(config, device, versions[VLLM_DIST[device]],
                                                      extracted_layers(hs["layer_ids"]) - 1):
         say(line)
+    typed = DraftlineConfig.read(config)  # the stages' settings objects are built from its blocks
     parallel = {key: config["target"][key] for key in ("pipeline_parallel_size", "tensor_parallel_size")}
     try:  # the `vllm:` block, target.* and the resolved engine settings, once
-        engine = engine_settings(config, resolved["engine"])
+        engine = engine_settings(typed, resolved["engine"])
     except EngineSettingsError as error:
         _refuse(str(error), no_job)  # a device refusal (a wrong engine_args key raises again below)
         try:
-            engine = engine_settings(config, {**resolved["engine"], "device": None})
+            engine = engine_settings(typed, {**resolved["engine"], "device": None})
         except EngineSettingsError as again:
             raise PlanningError(str(again)) from None
-    fidelity = fidelity_settings(config)
+    fidelity = fidelity_settings(typed)
     the_plan = Plan(
         target=target, target_identity=identity,
         verifier_name=config["target"]["verifier_name"] or (target.source if target.kind == "hub" else target.name),
@@ -204,8 +201,8 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
         preflight_plan=dict(target=identity, engine=resolved["engine"], parallel=parallel,
                             versions=versions,
                             vllm=config["vllm"]),  # memory share, batch size, expert parallel...: they change the rates
-        engine=engine, disk_limit=DiskLimit.from_config(config),
-        hidden_state_source=HiddenStateSource.from_config(config, dtype=resolved["engine"]["dtype"], engine=engine,
+        engine=engine, disk_limit=DiskLimit.from_config(typed),
+        hidden_state_source=HiddenStateSource.from_config(typed, dtype=resolved["engine"]["dtype"], engine=engine,
                                                           fidelity=fidelity),
         summary=SummarySettings(run_name=config["run_name"], target=target.name, device=device),
     )
@@ -219,55 +216,28 @@ def plan(config: dict, *, workdir: str | Path, repo: str | Path, executor: str |
     return the_plan
 
 
+def planned(config: dict, workflow, argv: list[str]) -> Plan:
+    """The plan as rules/common.smk asks for it, from Snakemake's `workflow` (its folder, executor,
+    and the `gpu` a profile or --set-resources sets per rule, passed as plain values) and the
+    command line `argv`; a PlanningError becomes Snakemake's WorkflowError."""
+    from snakemake.exceptions import WorkflowError
+
+    from draftline.planning.sizing import gpu_overrides
+
+    overrides = workflow.resource_settings.overwrite_resources or {}
+    gpus = {step: overrides.get(step, {}).get("gpu") for step in ("train", *VLLM_RULES)}
+    try:
+        return plan(config, workdir=Path.cwd(), repo=Path(workflow.basedir), executor=snakemake_executor(),
+                    remote_exec=workflow.remote_exec, gpu_overrides=gpu_overrides(gpus), no_job=no_job_command(argv))
+    except PlanningError as error:
+        raise WorkflowError(str(error)) from None
+
+
 def _refuse(message: str, no_job: str | None) -> None:
     """Stop the plan with `message`, or for a command that runs no job say it and go on."""
     if no_job is None:
         raise PlanningError(message)
     say(f"note: {message} (not a stop for {no_job}, which runs no job)")
-
-
-# ---------------------------------------------------------------- the config's files
-
-
-def check_relative_path(key: str, raw, workdir: Path, repo: Path) -> None:
-    """A relative path missing from a run folder that the workflow's own folder has (a preset's
-    resources/prompts/default.jsonl, say): name both, and the path that reaches it from here."""
-    path = Path(str(raw)).expanduser()
-    if path.is_absolute() or str(raw).startswith(("hf:", "package:")) or path.exists() or workdir == repo:
-        return
-    if (repo / path).exists():
-        raise PlanningError(
-            f"{key}: {raw} is not in the working folder (looked at {path.resolve()}): relative paths in the "
-            f"config are read from the folder snakemake runs in ({workdir}, --directory), not from the "
-            f"workflow's ({repo}), which has it. Write {os.path.relpath(repo / path)} (or an absolute path), "
-            "or copy the file into the run folder"
-        )
-
-
-def check_relative_paths(config: dict, workdir: Path, repo: Path) -> None:
-    for raw in config["prompts"]["sources"]:
-        check_relative_path("prompts.sources", raw, workdir, repo)
-    for name, raw in config["evaluate"]["prompt_sets"].items():
-        check_relative_path(f"evaluate.prompt_sets.{name}", raw, workdir, repo)
-    for key in ("model", "chat_template"):
-        if config["target"][key] not in (None, "embedded"):
-            check_relative_path(f"target.{key}", config["target"][key], workdir, repo)
-
-
-def check_prompt_sources(config: dict) -> None:
-    """The first rows of every source, in every format, so a typo, a wrong column name or a file in
-    the wrong format stops the run before any job starts."""
-    prompts = config["prompts"]
-    try:
-        check_sources(prompts["sources"], config["regenerate"]["enabled"], prompts["on_bad_row"],
-                      leading_assistant_turn=prompts["leading_assistant_turn"])
-    except (PromptError, ValueError) as error:
-        raise PlanningError(f"prompts.sources: {error}") from None
-    for name, raw in config["evaluate"]["prompt_sets"].items():
-        try:  # evaluation stops on a bad row (draftline.sources.read_first_turns)
-            check_sources([raw], regenerate_enabled=True, on_bad_row="stop")
-        except (PromptError, ValueError) as error:
-            raise PlanningError(f"evaluate.prompt_sets.{name}: {error}") from None
 
 
 # ---------------------------------------------------------------- target, device, resources
@@ -317,16 +287,14 @@ def sort_keys(value):
     return value
 
 
-def fidelity_settings(config: dict) -> FidelitySettings:
+def fidelity_settings(config: DraftlineConfig) -> FidelitySettings:
     """hidden_states.fidelity with its `auto` bar resolved for where the answers come from: a param
     that decides no staleness (a FidelitySettings object: Snakemake compares only plain values), as
     the bar gates a shard's publishing, it is not what the states are; so a new bar reruns no
     published shard, and a shard that failed reruns under it reusing its staged files."""
-    block = config["hidden_states"]["fidelity"]
-    bar, basis = resolve_min_top1(
-        block["min_top1"], config["regenerate"]["enabled"], config["regenerate"]["temperature"]
-    )
-    return FidelitySettings(rows=block["rows"], min_top1=bar, basis=basis, recompute_rows=block["recompute_rows"])
+    block = config.hidden_states.fidelity
+    bar, basis = resolve_min_top1(block.min_top1, config.regenerate.enabled, config.regenerate.temperature)
+    return FidelitySettings(rows=block.rows, min_top1=bar, basis=basis, recompute_rows=block.recompute_rows)
 
 
 # ---------------------------------------------------------------- disk use and sizing
@@ -363,7 +331,7 @@ def hidden_state_disk_use(config: dict, plan: Plan, planned_rows) -> None:
     Snakemake does not compare: changing it re-extracts nothing). `planned_rows()`:
     sizing.planned_training_rows."""
     hs, disk = config["hidden_states"], plan.disk_limit
-    mode = hs.get("mode", "offline")  # online: no shard files
+    mode = hs["mode"]  # online: no shard files
     if (mode != "online" and _shards_done(config, plan.shards)) or plan.target_shape is None:
         return
     hidden, n_layers, dtype = plan.target_shape.hidden_size, extracted_layers(hs["layer_ids"]), plan.resolved["engine"]["dtype"]

@@ -33,6 +33,8 @@ from functools import cache
 from pathlib import Path
 
 from draftline.lineage.versions import installed_version
+from draftline.settings import HiddenStatesBlock
+from draftline.settings.draft import resolve_num_workers, resolve_optimizer  # noqa: F401 (tests' names)
 
 log = logging.getLogger(__name__)
 
@@ -182,32 +184,9 @@ class DeviceSetting:
     value: str = "auto"
 
 
-CUDA_NUM_WORKERS = 4
-
-
-def resolve_num_workers(requested: int | str, cuda: bool, online: bool = False) -> int:
-    # On CPU the workers would compete with torch's threads for the same cores; on CUDA the
-    # batch fetch is ~28% of a step without them (docs/gpu.md). Online hidden states on CPU:
-    # the workers mostly wait on the server, and with them its requests overlap the steps and
-    # each other (the server batches them); without them the Trainer idles while it waits.
-    if requested == "auto":
-        return CUDA_NUM_WORKERS if cuda else (ONLINE_CPU_NUM_WORKERS if online else 0)
-    return int(requested)
-
-
-ONLINE_CPU_NUM_WORKERS = 2
-
-
-def resolve_optimizer(requested: str, cuda: bool) -> str:
-    # Muon is ~8x slower on CPUs without bf16 (torch's Muon casts gradients to bf16).
-    if requested == "auto":
-        return "muon" if cuda else "adamw"
-    return requested
-
-
 def _online_server_gpus(config: dict) -> int:
-    hidden = config.get("hidden_states", {})
-    return hidden.get("online_server_gpus", 1) if hidden.get("mode") == "online" else 0
+    hidden = HiddenStatesBlock.model_validate(config.get("hidden_states") or {})
+    return hidden.online_server_gpus if hidden.mode == "online" else 0
 
 
 def resolved_settings(config: dict, device: str, train_gpus: int = 1) -> dict:

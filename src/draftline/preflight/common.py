@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.artifacts.preflight import Check, failed, not_run, read_part
-from draftline.planning.config_schema import default
+from draftline.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 class PreflightSettings:
     """The `preflight:` config block."""
 
-    prompts: int = default("preflight", "prompts")  # answered by regeneration (its rate)
-    rows: int = default("preflight", "rows")  # of those: extracted, decoded with the draft
+    prompts: int = DEFAULTS.preflight.prompts  # answered by regeneration (its rate)
+    rows: int = DEFAULTS.preflight.rows  # of those: extracted, decoded with the draft
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from draftline.artifacts.preflight import Check, failed, not_run, passed, write_part
 from draftline.planning import rule_params as plan
-from draftline.planning.config_schema import default
 from draftline.preflight.common import one_line, skip_all
 from draftline.preflight.node import Node, import_vllm, probe
 from draftline.preflight.target import TargetFacts, read_target
 from draftline.runtime.vllm_engine import VLLM_GPU_MEMORY_UTILIZATION, gpu_memory_share
+from draftline.settings import DEFAULTS
+from draftline.settings.target import vllm_ranks
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,12 @@ class EnvironmentPlan:
     planned: dict  # device, dtype (rules/common.smk RESOLVED["engine"])
     versions: dict  # the pins of the packages the stages use
     setting: str = "auto"  # the config's `device`
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = DEFAULTS.target.tensor_parallel_size
+    pipeline_parallel_size: int = DEFAULTS.target.pipeline_parallel_size
     # the share of each GPU a generating engine takes (at start it stops when less is free:
     # vllm/v1/worker/utils.py); the check asks for it free
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
-    cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
+    cpu_kv_cache_gib: int = DEFAULTS.vllm.cpu_kv_cache_gib
 
     @classmethod
     def for_engine(cls, engine, **plan) -> EnvironmentPlan:
@@ -67,7 +68,7 @@ class EnvironmentPlan:
 
     @property
     def ranks(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return vllm_ranks(self.tensor_parallel_size, self.pipeline_parallel_size)
 
     @property
     def device(self) -> str:

@@ -12,6 +12,7 @@ from draftline.fidelity import FidelitySettings
 from draftline.preflight.common import Part, attempt, failed_upstream, skip_all
 from draftline.preflight.regeneration import TOKENIZATION
 from draftline.runtime.shards import ShardJob
+from draftline.settings import DEFAULTS, HiddenStateFormat
 
 # check names, as the report shows them
 EXTRACTION = "hidden-state extraction"
@@ -39,7 +40,7 @@ def fidelity_check(target_dir: str | Path, samples: list[tuple], extracted: list
 
 
 def run_hidden_states(
-    part: Part, layer_ids_path: str | Path, engine, *, backend: str = "vllm", format: str = "full",
+    part: Part, layer_ids_path: str | Path, engine, *, backend: str = "vllm", format: HiddenStateFormat = DEFAULTS.hidden_states.format,
     fidelity_min_top1: float = 0.9,
 ) -> dict:
     """The hidden-state part (after the regeneration part): its tokenized rows through the

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from draftline.planning.config_schema import default, output_changing
 from draftline.runtime.logs import CONFIGURE_LOGGING, LOGGING_CONFIG_PATH
+from draftline.settings import DEFAULTS, DraftlineConfig, output_changing
+from draftline.settings.target import vllm_ranks
 
 log = logging.getLogger(__name__)
 
@@ -80,27 +81,27 @@ class EngineSettings:
     plan's resolved dtype and eager mode); the stages' settings extend this. Built once per plan
     by `engine_settings`, passed to the jobs as one param and handed on as it is."""
 
-    max_model_len: int = default("tokenize", "max_seq_len")  # prompt + answer must fit
-    dtype: str = default("target", "dtype")
-    trust_remote_code: bool = default("target", "trust_remote_code")
+    max_model_len: int = DEFAULTS.tokenize.max_seq_len  # prompt + answer must fit
+    dtype: str = DEFAULTS.target.dtype
+    trust_remote_code: bool = DEFAULTS.target.trust_remote_code
     enforce_eager: bool | str | None = None  # None/"auto": see enforce_eager_for
     seed: int = 0
     threads: int | None = None  # vLLM CPU threads (the job's)
     # target.*_parallel_size: one vLLM rank (a GPU, or a CPU worker process) per tp x pp
-    tensor_parallel_size: int = default("target", "tensor_parallel_size")
-    pipeline_parallel_size: int = default("target", "pipeline_parallel_size")
+    tensor_parallel_size: int = DEFAULTS.target.tensor_parallel_size
+    pipeline_parallel_size: int = DEFAULTS.target.pipeline_parallel_size
     # vllm.*: None = vLLM's own default (gpu_memory_utilization: gpu_memory_share's)
-    gpu_memory_utilization: float | None = default("vllm", "gpu_memory_utilization")
-    max_num_seqs: int | None = default("vllm", "max_num_seqs")
-    enable_expert_parallel: bool = default("vllm", "enable_expert_parallel")
-    quantization: str | None = default("vllm", "quantization")
-    kv_cache_dtype: str = default("vllm", "kv_cache_dtype")
-    cpu_kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib")
+    gpu_memory_utilization: float | None = DEFAULTS.vllm.gpu_memory_utilization
+    max_num_seqs: int | None = DEFAULTS.vllm.max_num_seqs
+    enable_expert_parallel: bool = DEFAULTS.vllm.enable_expert_parallel
+    quantization: str | None = DEFAULTS.vllm.quantization
+    kv_cache_dtype: str = DEFAULTS.vllm.kv_cache_dtype
+    cpu_kv_cache_gib: int = DEFAULTS.vllm.cpu_kv_cache_gib
     engine_args: dict = field(default_factory=dict)  # vllm.engine_args, passed through
 
     @property
     def ranks(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return vllm_ranks(self.tensor_parallel_size, self.pipeline_parallel_size)
 
     def stage(self, cls, **own):
         """These settings as a stage's settings `cls` (a subclass: RegenerateSettings,
@@ -132,13 +133,13 @@ class EngineSettingsError(ValueError):
     """A `vllm:` setting that cannot apply; the message names the key and what to do."""
 
 
-def engine_settings(config: dict, resolved: dict) -> EngineSettings:
-    """The one EngineSettings of a plan: the validated config's `vllm:` block and target.* with
-    the dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
-    # the validated config holds every vllm.* key: its defaults are the schema's, filled in there
-    block, target = config["vllm"], config["target"]
+def engine_settings(config: dict | DraftlineConfig, resolved: dict) -> EngineSettings:
+    """The one EngineSettings of a plan: the config's typed `vllm:` block and target.* with the
+    dtype and eager mode `resolved` for the planned device (plan.resolved_settings()["engine"])."""
+    config = DraftlineConfig.read(config)
+    block, target = config.vllm, config.target
     # sorted (nested too), so a reordered config is the same param
-    engine_args = json.loads(json.dumps(block["engine_args"], sort_keys=True))
+    engine_args = json.loads(json.dumps(block.engine_args, sort_keys=True))
     for key in sorted(engine_args):
         own = f"vllm.{key}" if key in VLLM_KEYS else OWN_ARGS.get(key)
         if own:
@@ -146,7 +147,7 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
                 f"vllm.engine_args.{key}: draftline sets this vLLM argument itself (from {own}); "
                 f"remove it from vllm.engine_args" + (f" and set {own}" if own.startswith(("vllm.", "target.")) else "")
             )
-    if block["enable_expert_parallel"] and resolved.get("device") == "cpu":
+    if block.enable_expert_parallel and resolved.get("device") == "cpu":
         raise EngineSettingsError(
             "vllm.enable_expert_parallel: true is refused on CPU (the vLLM CPU build crashes with it: "
             "SIGSEGV in cpu_fused_moe); set it to false, or plan for CUDA (device: cuda)"
@@ -154,24 +155,25 @@ def engine_settings(config: dict, resolved: dict) -> EngineSettings:
     return EngineSettings(
         max_model_len=planned_max_model_len(config),
         dtype=resolved["dtype"],
-        trust_remote_code=target["trust_remote_code"],
+        trust_remote_code=target.trust_remote_code,
         enforce_eager=resolved["enforce_eager"],
-        tensor_parallel_size=target["tensor_parallel_size"],
-        pipeline_parallel_size=target["pipeline_parallel_size"],
-        gpu_memory_utilization=block["gpu_memory_utilization"],
-        max_num_seqs=block["max_num_seqs"],
-        enable_expert_parallel=block["enable_expert_parallel"],
-        quantization=block["quantization"],
-        kv_cache_dtype=block["kv_cache_dtype"],
-        cpu_kv_cache_gib=block["cpu_kv_cache_gib"],
+        tensor_parallel_size=target.tensor_parallel_size,
+        pipeline_parallel_size=target.pipeline_parallel_size,
+        gpu_memory_utilization=block.gpu_memory_utilization,
+        max_num_seqs=block.max_num_seqs,
+        enable_expert_parallel=block.enable_expert_parallel,
+        quantization=block.quantization,
+        kv_cache_dtype=block.kv_cache_dtype,
+        cpu_kv_cache_gib=block.cpu_kv_cache_gib,
         engine_args=engine_args,
     )
 
 
-def planned_max_model_len(config: dict) -> int:
+def planned_max_model_len(config: dict | DraftlineConfig) -> int:
     """The context of a generating engine (regeneration, evaluation): vllm.max_model_len, or
     tokenize.max_seq_len when it is null (decided here only: the plan's sizing reads it too)."""
-    return (config.get("vllm") or {}).get("max_model_len") or config["tokenize"]["max_seq_len"]
+    config = DraftlineConfig.read(config)
+    return config.vllm.max_model_len or config.tokenize.max_seq_len
 
 
 def output_settings(settings: EngineSettings, without: Collection[str] = ()) -> dict:
@@ -271,7 +273,7 @@ def cpu_bind_lists(ranks: int, cores: Collection[int], threads: int | None = Non
     return "|".join(",".join(map(str, cores[r * per_rank : (r + 1) * per_rank])) for r in range(ranks))
 
 
-def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int = default("vllm", "cpu_kv_cache_gib"),
+def configure_vllm_cpu(threads: int | None = None, kv_cache_gib: int = DEFAULTS.vllm.cpu_kv_cache_gib,
                        ranks: int = 1, in_process: bool = True) -> None:
     """Set vLLM CPU environment before `import vllm` creates an engine.
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.runtime.atomic import atomic_file
+from draftline.settings import DEFAULTS, DraftlineConfig, HiddenStateFormat
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,12 @@ class DiskLimit:
     total_seq_len: int | None = None  # train.total_seq_len: hidden_states.mode online's working set
 
     @classmethod
-    def from_config(cls, config: dict) -> DiskLimit:
-        hs = config["hidden_states"]
-        return cls(max_disk_gb=hs.get("max_disk_gb"), max_seq_len=config["tokenize"]["max_seq_len"],
-                   total_seq_len=config["train"]["total_seq_len"] if "mode" in hs else None)
+    def from_config(cls, config: DraftlineConfig) -> DiskLimit:
+        return cls(max_disk_gb=config.hidden_states.max_disk_gb, max_seq_len=config.tokenize.max_seq_len,
+                   total_seq_len=config.train.total_seq_len)
 
 
-def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> int:
+def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> int:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
     if format == "fp8":
@@ -63,7 +63,8 @@ def bytes_per_token(hidden_size: int, n_layers: int, dtype: str, format: str = "
     return n_layers * hidden_size * DTYPE_BYTES[dtype] + TOKEN_ID_BYTES
 
 
-def estimate(tokens: int, rows: int, hidden_size: int, n_layers: int, dtype: str, format: str = "full") -> dict:
+def estimate(tokens: int, rows: int, hidden_size: int, n_layers: int, dtype: str,
+             format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> dict:
     per_token = bytes_per_token(hidden_size, n_layers, dtype, format)
     header = FP8_FILE_HEADER_BYTES if format == "fp8" else FILE_HEADER_BYTES
     total = tokens * per_token + rows * header
@@ -83,7 +84,7 @@ def estimate(tokens: int, rows: int, hidden_size: int, n_layers: int, dtype: str
 def _with(est: dict, **changes) -> dict:
     """The estimate with other tokens/rows/format (the same target and layers)."""
     args = {k: est[k] for k in ("tokens", "rows", "hidden_size", "layers", "dtype")}
-    args["format"] = est.get("format", "full")
+    args["format"] = est["format"]
     args.update(changes)
     return estimate(args["tokens"], args["rows"], args["hidden_size"], args["layers"], args["dtype"], args["format"])
 
@@ -121,7 +122,7 @@ def fitting_settings(est: dict, limit_bytes: float, *, lengths: list[int] | None
     each gives. `lengths` (the rows' token counts) makes the max_seq_len figure exact; without
     them it assumes every row fills max_seq_len (an upper bound)."""
     out = []
-    if est.get("format", "full") != "fp8":
+    if est["format"] != "fp8":
         fp8 = _with(est, format="fp8")
         fits = "fits" if fp8["bytes"] <= limit_bytes else "still above"
         out.append(f"hidden_states.format: fp8 -> {_gb(fp8['bytes'])} ({fits})")
@@ -171,7 +172,7 @@ class Extraction:
 
     dtype: str
     shards: int
-    format: str = "full"
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format
 
 
 def write_estimate(
@@ -188,8 +189,8 @@ def write_estimate(
     fit under the limit is exact."""
     dtype, shards, format = extraction.dtype, extraction.shards, extraction.format
     max_disk_gb = limit.max_disk_gb
-    from draftline.planning.config_checks import check_rows_for_shards, shape_from_config
     from draftline.runtime.vllm_engine import default_dtype
+    from draftline.settings.target_shape import check_rows_for_shards, shape_from_config
 
     summary = json.loads(Path(tokenized_summary).read_text())
     extracted = json.loads(Path(layer_ids).read_text())["extracted"]
@@ -215,7 +216,8 @@ def write_estimate(
 
 
 def parse_time_estimate(
-    tokenized_summary: str | Path, hidden_size: int, n_layers: int, dtype: str, format: str = "full"
+    tokenized_summary: str | Path, hidden_size: int, n_layers: int, dtype: str,
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format,
 ) -> dict | None:
     """The estimate from an existing tokenized summary (None when tokenization has not run).
 
@@ -248,7 +250,7 @@ def row_lengths(dataset_dir: str | Path) -> list[int] | None:
 
 
 def upper_bound_estimate(rows: int, max_seq_len: int, hidden_size: int, n_layers: int, dtype: str,
-                         format: str = "full") -> dict:
+                         format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> dict:
     """Before tokenization: every training row filling tokenize.max_seq_len."""
     est = estimate(rows * max_seq_len, rows, hidden_size, n_layers, "float32" if dtype == "auto" else dtype, format)
     est["upper_bound"] = True
@@ -259,7 +261,7 @@ def plan_lines(est: dict, *, mode: str = "offline", total_seq_len: int | None, s
                release_after_training: bool = False) -> list[str]:
     """The dry run's table: each stage's expected disk use for the chosen format and mode."""
     bound = "at most " if est.get("upper_bound") else "~"
-    lines = [f"expected disk use (hidden_states.format {est.get('format', 'full')}, mode {mode}; {source}):",
+    lines = [f"expected disk use (hidden_states.format {est['format']}, mode {mode}; {source}):",
              f"  tokenized data       {bound}{_gb(est['tokens'] * TOKENIZED_BYTES_PER_TOKEN)}"]
     if mode == "online":
         lines.append(f"  hidden states        ~{_gb(online_working_set(est, total_seq_len))} working set "

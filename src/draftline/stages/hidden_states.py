@@ -36,7 +36,6 @@ from draftline import backends
 from draftline import fidelity as fidelity_check
 from draftline.artifacts import layer_ids as layer_ids_file
 from draftline.artifacts.hidden_states import (
-    FORMATS,
     STAGING_KEY,
     HiddenStateFileError,
     file_name,
@@ -54,6 +53,7 @@ from draftline.lineage.versions import package_versions
 from draftline.runtime.atomic import atomic_dir
 from draftline.runtime.shards import ShardJob
 from draftline.runtime.vllm_engine import EngineSettings, default_dtype, has_cuda, output_settings
+from draftline.settings import DEFAULTS, HiddenStateFormat
 
 log = logging.getLogger(__name__)
 # The installed versions a shard's manifest records.
@@ -100,7 +100,7 @@ def staging_key(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype, format="full") -> bool:
+def _is_staged_valid(path: Path, ids, n_layers, hidden_size, row, dtype, format: HiddenStateFormat = DEFAULTS.hidden_states.format) -> bool:
     if not path.exists():
         return False
     try:
@@ -130,7 +130,7 @@ class ExtractionSettings:
     backend: str = "vllm"
     rows_per_call: int = 64
     options: dict = field(default_factory=dict)
-    format: str = "full"
+    format: HiddenStateFormat = DEFAULTS.hidden_states.format
     fidelity: fidelity_check.FidelitySettings = fidelity_check.FidelitySettings(
         min_top1=0.0, basis="no bar given to extract_shard: measured, layers checked")
     # what the plan hashed that the job cannot (the rule's `code` and `target` params), for the
@@ -169,8 +169,6 @@ def extract_shard(
     extracted again. `layer_ids` is the layer_ids file (or its `LayerIds`).
     """
     extractor = backends.get(extraction.backend)
-    if extraction.format not in FORMATS:
-        raise ValueError(f"hidden_states.format {extraction.format!r}: expected one of {', '.join(FORMATS)}")
     engine = replace(engine, dtype=default_dtype(engine.dtype))
     target = target_dims(target_dir, engine.trust_remote_code)
     ids = layer_ids if isinstance(layer_ids, LayerIds) else layer_ids_file.read(layer_ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from draftline.artifacts.layer_ids import LayerIds
 from draftline.artifacts.target import dims
-from draftline.planning.config_checks import check_aux_layer_ids
+from draftline.settings.target_shape import check_aux_layer_ids
 
 
 def resolve_layer_ids(setting: str | list[int], target_dir: str, trust_remote_code: bool = False) -> LayerIds:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftline.artifacts import conversations as conversation_file
-from draftline.planning.config_schema import default
 from draftline.runtime.atomic import atomic_file
+from draftline.settings import DEFAULTS
 from draftline.sources import (
     BadRow,
     PromptError,
@@ -85,13 +85,13 @@ class PromptsSettings:
     """The prompts stage's settings: the `prompts:` block (and whether answers are regenerated,
     which decides what a usable row is); defaults are the schema's."""
 
-    validation: int = default("prompts", "validation")
-    test: int = default("prompts", "test")
-    max_samples: int | None = default("prompts", "max_samples")
-    on_bad_row: str = default("prompts", "on_bad_row")
-    leading_assistant_turn: str = default("prompts", "leading_assistant_turn")
-    seed: int = default("prompts", "seed")
-    regenerate_enabled: bool = default("regenerate", "enabled")
+    validation: int = DEFAULTS.prompts.validation
+    test: int = DEFAULTS.prompts.test
+    max_samples: int | None = DEFAULTS.prompts.max_samples
+    on_bad_row: str = DEFAULTS.prompts.on_bad_row
+    leading_assistant_turn: str = DEFAULTS.prompts.leading_assistant_turn
+    seed: int = DEFAULTS.prompts.seed
+    regenerate_enabled: bool = DEFAULTS.regenerate.enabled
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from draftline import algorithms
 from draftline.algorithms import DraftSettings
 from draftline.artifacts import layer_ids
 from draftline.artifacts.target import vocab_size as target_vocab_size
-from draftline.planning.config_checks import check_draft_vocab
 from draftline.runtime.atomic import atomic_dir
+from draftline.settings.target_shape import check_draft_vocab
 
 log = logging.getLogger(__name__)
 

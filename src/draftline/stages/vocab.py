@@ -17,8 +17,8 @@ import numpy as np
 
 from draftline.artifacts import token_freq as token_freq_file
 from draftline.artifacts.target import vocab_size as target_vocab_size
-from draftline.planning.config_checks import check_draft_vocab
 from draftline.runtime.atomic import atomic_file
+from draftline.settings.target_shape import check_draft_vocab
 
 log = logging.getLogger(__name__)
 

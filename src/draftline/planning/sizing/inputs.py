@@ -10,14 +10,16 @@ from pathlib import Path
 from draftline.planning.sizing.estimate import Plan, estimate
 from draftline.planning.sizing.shapes import Shape
 from draftline.runtime.vllm_engine import planned_max_model_len
+from draftline.settings import DraftlineConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, device: str = "cuda",
                      user_turns: int | None = None) -> Plan:
+    typed = DraftlineConfig.model_validate(config)  # a key left out is its default
     aux = config["hidden_states"]["layer_ids"]
-    dtype = config["target"].get("dtype", "auto")
+    dtype = typed.target.dtype
     if dtype == "auto":  # draftline.planning.rule_params: float32 on the CPU, bfloat16 on CUDA
         dtype = "float32" if device == "cpu" else "bfloat16"
     prompts = config["prompts"]
@@ -34,12 +36,12 @@ def plan_from_config(config: dict, conversations: int, train_gpus: int = 1, devi
         dtype_bytes=DTYPE_BYTES.get(dtype, 2),
         draft_vocab=config["vocab"]["draft_vocab_size"],
         regenerate=config["regenerate"]["enabled"],
-        gpus_per_vllm_job=config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"],
+        gpus_per_vllm_job=typed.target.vllm_ranks,
         train_gpus=train_gpus,
         regenerate_shards=config["regenerate"]["shards"],
         hidden_state_shards=config["hidden_states"]["shards"],
-        filesystem_bytes_per_s=(config.get("sizing") or {}).get("filesystem_gb_per_s", 1.0) * 1e9,
-        hidden_state_files=config["hidden_states"].get("mode", "offline") == "offline",
+        filesystem_bytes_per_s=typed.sizing.filesystem_gb_per_s * 1e9,
+        hidden_state_files=typed.hidden_states.mode == "offline",
         hidden_states_backend=config["hidden_states"]["backend"],
         user_turns=user_turns,
         context_len=planned_max_model_len(config),

@@ -11,6 +11,7 @@ from draftline.planning.sizing.estimate import GPUS, Plan, estimate, gpu_groups
 from draftline.planning.sizing.inputs import config_estimate, gpu_overrides, planned_train_gpus, planned_training_rows
 from draftline.planning.sizing.line import _bytes
 from draftline.planning.sizing.shapes import LLAMA_8B, LLAMA_70B, QWEN3_235B, Shape
+from draftline.settings import TargetBlock
 
 
 def table(gpu: str = "H200", tokens: int = 100_000_000, seq_len: int = 2048, new_tokens_share: float = 0.5) -> str:
@@ -101,7 +102,7 @@ def recipes_table(repo: Path) -> str:
     for preset, recipe in RECIPES.items():
         config, est = recipe_config(repo, preset), recipe_estimates(repo, preset)
         h200, train_gpus = est["H200"], recipe_train_gpus(repo, preset)
-        gpus = config["target"]["tensor_parallel_size"] * config["target"]["pipeline_parallel_size"]
+        gpus = TargetBlock.model_validate(config["target"]).vllm_ranks
         data = (f"{est['H200']['conversations']:,} conversations, {config['tokenize']['max_seq_len']:,} tokens, "
                 f"answers <= {config['regenerate']['max_new_tokens']:,}, {config['train']['epochs']} epochs")
         # the GPU-hours its GPUs wait on the hidden states' reads (sizing.filesystem_gb_per_s)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftline.planning.config_schema import default
 from draftline.runtime.vllm_engine import EngineSettings
+from draftline.settings import DEFAULTS
 
 
 @dataclass(frozen=True)
 class EvaluateSettings(EngineSettings):
     """The `evaluate:` config block; the target loads as in the other stages (EngineSettings)."""
 
-    num_speculative_tokens: int = default("evaluate", "num_speculative_tokens")
-    max_new_tokens: int = default("evaluate", "max_new_tokens")
-    max_prompts: int | None = default("evaluate", "max_prompts")  # per set
+    num_speculative_tokens: int = DEFAULTS.evaluate.num_speculative_tokens
+    max_new_tokens: int = DEFAULTS.evaluate.max_new_tokens
+    max_prompts: int | None = DEFAULTS.evaluate.max_prompts  # per set
     # each prompt's counts: vLLM's per-request metrics (vllm) or a call per prompt (separate_calls)
-    per_prompt_counts: str = default("evaluate", "per_prompt_counts")
-    batch1_prompts: int | None = default("evaluate", "batch1_prompts")  # per set, timed one at a time; None = all
+    per_prompt_counts: str = DEFAULTS.evaluate.per_prompt_counts
+    batch1_prompts: int | None = DEFAULTS.evaluate.batch1_prompts  # per set, timed one at a time; None = all
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)

@@ -12,7 +12,7 @@ from pathlib import Path
 from draftline import algorithms
 from draftline.algorithms import DraftSettings
 from draftline.artifacts.hidden_states import TRAINER_BACKEND
-from draftline.planning.rule_params import resolve_num_workers, resolve_optimizer
+from draftline.settings.draft import resolve_num_workers, resolve_optimizer
 from draftline.stages.train.inputs import InputFacts
 from draftline.stages.train.settings import TrainInputs, TrainSettings
 

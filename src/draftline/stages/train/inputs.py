@@ -11,6 +11,7 @@ from draftline import algorithms
 from draftline.algorithms import ConfigFacts
 from draftline.artifacts import layer_ids
 from draftline.artifacts.hidden_states import file_name, read_manifest, validate_hidden_states
+from draftline.settings import DEFAULTS, HiddenStateFormat
 from draftline.stages.train.settings import TrainInputs
 
 # speculators trains on these; safetensors' names for them
@@ -26,7 +27,7 @@ class InputFacts:
     aux: list[int]  # the target layers the draft reads (layer_ids.json's aux)
     draft_vocab_size: int
     hidden_states_dtype: str  # float32 | bfloat16
-    hidden_states_format: str = "full"  # full | fp8 (offline's hidden_states.format; online: full)
+    hidden_states_format: HiddenStateFormat = DEFAULTS.hidden_states.format  # full | fp8 (offline's hidden_states.format; online: full)
     algorithm: str = "eagle3"  # the draft config's speculators_model_type
     config: ConfigFacts | None = None  # what the published checkpoint's tensors are checked against
 

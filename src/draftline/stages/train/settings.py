@@ -7,32 +7,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline import fidelity
-from draftline.planning.config_schema import default
 from draftline.runtime.vllm_engine import EngineSettings, output_settings
+from draftline.settings import DEFAULTS, DraftlineConfig, TrainBlock
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """The `train:` config block (names as in config/schema/config.schema.yaml)."""
 
-    epochs: int = default("train", "epochs")
-    lr: float = default("train", "lr")
-    optimizer: str = default("train", "optimizer")  # auto | adamw | muon
-    total_seq_len: int = default("train", "total_seq_len")
-    train_fraction: float = default("train", "train_fraction")
-    ttt_steps: int = default("train", "ttt_steps")
-    seed: int = default("train", "seed")
-    fsdp: bool = default("train", "fsdp")  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
+    epochs: int = DEFAULTS.train.epochs
+    lr: float = DEFAULTS.train.lr
+    optimizer: str = DEFAULTS.train.optimizer  # auto | adamw | muon
+    total_seq_len: int = DEFAULTS.train.total_seq_len
+    train_fraction: float = DEFAULTS.train.train_fraction
+    ttt_steps: int = DEFAULTS.train.ttt_steps
+    seed: int = DEFAULTS.train.seed
+    fsdp: bool = DEFAULTS.train.fsdp  # shard the draft across GPUs (speculators --fsdp-shard); CUDA only
     # data-loader workers per process: auto = 0 on CPU, 4 on CUDA
-    num_workers: int | str = default("train", "num_workers")
-    keep_old_runs: bool = default("train", "keep_old_runs")  # keep runs/<key> folders of earlier settings after publishing
+    num_workers: int | str = DEFAULTS.train.num_workers
+    keep_old_runs: bool = DEFAULTS.train.keep_old_runs  # keep runs/<key> folders of earlier settings after publishing
     # resumable checkpoints per epoch as a fraction (speculators' --checkpoint-freq; 1 = epoch ends only)
-    checkpoint_freq: float = default("train", "checkpoint_freq")
+    checkpoint_freq: float = DEFAULTS.train.checkpoint_freq
 
     @classmethod
-    def from_config(cls, block: dict) -> TrainSettings:
-        known = {k: block[k] for k in cls.__dataclass_fields__ if k in block}
-        return cls(**known)
+    def from_config(cls, block: dict | TrainBlock) -> TrainSettings:
+        """The `train:` block (as the rule's param holds it, the plan's resolved optimizer and
+        workers in it) read as its model, TrainBlock: a key left out is its default."""
+        if not isinstance(block, TrainBlock):
+            block = TrainBlock.model_validate({k: v for k, v in block.items() if k in TrainBlock.model_fields})
+        return cls(**{k: getattr(block, k) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -55,14 +58,14 @@ class HiddenStateSource:
     Built once per plan (`from_config`) and passed to the train job as one param object, which
     Snakemake does not compare; `outputs()` are its fields that decide staleness."""
 
-    mode: str = default("hidden_states", "mode")  # offline | online
-    server_gpus: int = default("hidden_states", "online_server_gpus")
-    ready_timeout_s: float = default("hidden_states", "online_server_timeout_s")
-    max_seq_len: int = default("tokenize", "max_seq_len")  # the server's max_model_len - 1
+    mode: str = DEFAULTS.hidden_states.mode  # offline | online
+    server_gpus: int = DEFAULTS.hidden_states.online_server_gpus
+    ready_timeout_s: float = DEFAULTS.hidden_states.online_server_timeout_s
+    max_seq_len: int = DEFAULTS.tokenize.max_seq_len  # the server's max_model_len - 1
     dtype: str = "auto"  # the planned engine dtype
     server_log: str = "logs/train_vllm_server.log"
     # samples the Trainer may skip for want of the server's hidden states (0 offline: files are checked)
-    max_skipped_samples: int = default("hidden_states", "online_max_skipped_samples")
+    max_skipped_samples: int = DEFAULTS.hidden_states.online_max_skipped_samples
     # online: rows asked from the server and checked before the Trainer starts (draftline.fidelity)
     fidelity: fidelity.FidelitySettings = fidelity.FidelitySettings()
     # online: the run's vLLM settings, which the server loads the target with (None: the defaults
@@ -74,17 +77,17 @@ class HiddenStateSource:
         return self.mode == "online"
 
     @classmethod
-    def from_config(cls, config: dict, *, dtype: str, engine: EngineSettings,
+    def from_config(cls, config: DraftlineConfig, *, dtype: str, engine: EngineSettings,
                     fidelity: fidelity.FidelitySettings) -> HiddenStateSource:
-        """The validated config's `hidden_states:` mode and online keys, with the plan's engine
+        """The typed config's `hidden_states:` mode and online keys, with the plan's engine
         `dtype`, its vLLM settings and the resolved fidelity bar (offline: the mode alone; the
         files are checked as they are extracted)."""
-        block = config["hidden_states"]
-        if block["mode"] != "online":
-            return cls(mode=block["mode"])
-        return cls(mode="online", server_gpus=block["online_server_gpus"], dtype=dtype, engine=engine,
-                   ready_timeout_s=block["online_server_timeout_s"], max_seq_len=config["tokenize"]["max_seq_len"],
-                   max_skipped_samples=block["online_max_skipped_samples"], fidelity=fidelity)
+        block = config.hidden_states
+        if block.mode != "online":
+            return cls(mode=block.mode)
+        return cls(mode="online", server_gpus=block.online_server_gpus, dtype=dtype, engine=engine,
+                   ready_timeout_s=block.online_server_timeout_s, max_seq_len=config.tokenize.max_seq_len,
+                   max_skipped_samples=block.online_max_skipped_samples, fidelity=fidelity)
 
     def outputs(self) -> dict:
         """The fields that can change the draft, as plain values (the train rule's `hidden_states`

@@ -1,43 +1,13 @@
-"""The config schema (`config/schema/config.schema.yaml`) as the one source of defaults: the
-settings dataclasses of the stages take theirs from here, so a default is written once."""
+"""Snakemake's `--config` read as the models type it: the dotted form (`train.lr=3e-4`) rewritten
+into the block form Snakemake takes (./draftline calls `rewrite_config_args`), each value read as
+its key's type (`command_line_config`), and a validation error about a --config key said to be the
+command line's (`validation_error`)."""
 
 from __future__ import annotations
 
-import copy
 import re
-from functools import lru_cache
-from pathlib import Path
 
-SCHEMA = Path(__file__).resolve().parents[3] / "config" / "schema" / "config.schema.yaml"
-
-
-@lru_cache(maxsize=1)
-def _schema() -> dict:
-    import yaml
-
-    return yaml.safe_load(SCHEMA.read_text())
-
-
-def default(block: str, key: str):
-    """The schema's default of `block.key` (e.g. default("train", "epochs") -> 3)."""
-    try:
-        return copy.deepcopy(_schema()["properties"][block]["properties"][key]["default"])
-    except KeyError:
-        raise KeyError(f"{SCHEMA}: no default for {block}.{key}") from None
-
-
-CHANGES_OUTPUTS = "x-changes-outputs"
-
-
-def output_changing(block: str) -> tuple[str, ...]:
-    """The keys of `block` the schema marks `x-changes-outputs: true` (a change can change what a
-    stage produces, so it decides staleness), in the schema's order. Every key of a block that uses
-    the mark must carry it, true or false: a new setting is decided, never forgotten."""
-    properties = _schema()["properties"][block]["properties"]
-    undecided = [key for key, spec in properties.items() if CHANGES_OUTPUTS not in spec]
-    if undecided:
-        raise KeyError(f"{SCHEMA}: {block}.{', '.join(undecided)} carries no {CHANGES_OUTPUTS} (true or false)")
-    return tuple(key for key, spec in properties.items() if spec[CHANGES_OUTPUTS] is True)
+from draftline.settings.schema import config_schema
 
 
 class CommandLineError(ValueError):
@@ -112,7 +82,7 @@ def command_line_config(config: dict, given) -> None:
     number, bool or YAML of strings, so `tokenize={"max_seq_len": 512}` arrives as the string "512".
     A value that is none of its key's types is a CommandLineError naming the key. Keys the schema
     does not know are left for the validation to name."""
-    schema = _schema()
+    schema = config_schema()
     for key, value in dict(given).items():
         sub = _subschema(schema, key)
         if sub is None:
@@ -140,7 +110,8 @@ def rewrite_config_args(args: list[str]) -> list[str]:
     Snakemake 9.27.1's own parser refuses ("Config entry must start with a valid identifier"), in
     the block form it takes (`train={"lr": "3e-4"}`); dotted keys under one top-level key become
     one block, in the place of the first. A --config list ends at the next word starting with `-`.
-    Values stay strings: command_line_config reads each as its key's type in the schema."""
+    Values stay strings: command_line_config reads each as its key's type in the schema. A dotted
+    key the settings models do not have stops here, naming it and the keys its block has."""
     import json
 
     out: list[str] = []
@@ -163,6 +134,7 @@ def rewrite_config_args(args: list[str]) -> list[str]:
                 values.append(args[i])
             else:
                 top, *path = match.group(1).split(".")
+                check_dotted_key(top, path)
                 if top not in blocks:
                     blocks[top] = {}
                     values.append(top)  # its place among the values
@@ -170,6 +142,35 @@ def rewrite_config_args(args: list[str]) -> list[str]:
             i += 1
         out += [f"{v}={json.dumps(blocks[v])}" if v in blocks else v for v in values]
     return out
+
+
+def check_dotted_key(top: str, path: list[str]) -> None:
+    """`top.path` names a setting of the models (draftline.settings), or a key inside an open
+    mapping of them (vllm.engine_args.block_size, evaluate.prompt_sets.code); else a
+    CommandLineError naming the first part they do not have and the keys there are."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from draftline.settings.config import DraftlineConfig
+
+    model: type[BaseModel] = DraftlineConfig
+    parts = [top, *path]
+    for n, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        where = ".".join(parts[:n]) or "the config's top level"
+        if field is None:
+            raise CommandLineError(
+                f"--config {'.'.join(parts)}: {where} has no key {part!r} (its keys: {', '.join(model.model_fields)}); "
+                "config/schema/config.schema.yaml describes every key (docs/configuration.md, \"From the command line\")"
+            )
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        if n < len(parts) - 1 and typing.get_origin(annotation) is not dict:
+            raise CommandLineError(f"--config {'.'.join(parts)}: {'.'.join(parts[:n + 1])} is a setting, with no keys below it")
+        return
 
 
 def _set_dotted(block: dict, top: str, path: list[str], value: str) -> None:
@@ -203,91 +204,10 @@ def validation_error(error, given) -> str | None:
             "config/schema/config.schema.yaml describes every key (docs/configuration.md, \"From the command line\")")
 
 
-# ---------------------------------------------------------------- docs/configuration.md's table
-
-DOCS_PAGE = SCHEMA.parents[2] / "docs" / "configuration.md"
-CONFIG = SCHEMA.parents[1] / "config.yaml"
-
-
-def _shown(value) -> str:
-    """A value as the settings table shows it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, dict):
-        return ", ".join(value) if value else "{}"
-    if isinstance(value, list):
-        return "`[" + ", ".join(map(str, value)) + "]`"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _row_keys(cell: str) -> list[tuple[str, ...]]:
-    """The keys a row's first cell names: `block.key`, then `key`s of the same block."""
-    keys, block = [], ()
-    for name in re.findall(r"`([^`]+)`", cell):
-        parts = tuple(name.split("."))
-        if len(parts) > 1:
-            block = parts[:-1]
-        keys.append(parts if len(parts) > 1 else (*block, *parts))
-    return keys
-
-
-def _lookup(tree: dict, key: tuple[str, ...], schema: bool):
-    node = tree
-    for part in key:
-        node = (node.get("properties") or {}).get(part) if schema else node.get(part)
-        if node is None:
-            return _MISSING
-    return node.get("default", _MISSING) if schema else node
-
-
-_MISSING = object()
-
-
-def default_cell(cell: str, config: dict) -> str:
-    """The defaults column of a settings row: the schema's default of each key, and config.yaml's
-    value beside it where that differs (`3 (config.yaml: 4)`)."""
-    shown = []
-    for key in _row_keys(cell):
-        default = _lookup(_schema(), key, schema=True)
-        if default is _MISSING:
-            raise KeyError(f"{DOCS_PAGE.name}: {'.'.join(key)} has no default in {SCHEMA.name}")
-        text = _shown(default)
-        configured = _lookup(config, key, schema=False)
-        if configured is not _MISSING and configured != default:
-            text += f" (config.yaml: {_shown(configured)})"
-        shown.append(text)
-    return ", ".join(shown)
-
-
-def settings_page(text: str, config: dict) -> str:
-    """docs/configuration.md with its settings table's defaults column regenerated (the keys and
-    their meanings are the page's own)."""
-    lines = text.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.startswith("| key | default | meaning |"))
-    for i in range(start + 2, len(lines)):
-        if not lines[i].startswith("| "):
-            break
-        cells = lines[i].rstrip("\n").split(" | ")
-        cells[1] = default_cell(cells[0], config)
-        lines[i] = " | ".join(cells) + "\n"
-    return "".join(lines)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # ./draftline --rewrite-args WORDS: the command's words, NUL-separated
     import sys
 
-    if sys.argv[1:2] == ["--rewrite-args"]:  # ./draftline: the command's words, NUL-separated
-        try:
-            sys.stdout.write("".join(arg + "\0" for arg in rewrite_config_args(sys.argv[2:])))
-        except CommandLineError as error:
-            sys.exit(f"draftline: {error}")
-    else:  # rewrite the page's defaults: PYTHONPATH=src python -m draftline.planning.config_schema
-        import yaml
-
-        from draftline.runtime.atomic import atomic_file
-
-        page = settings_page(DOCS_PAGE.read_text(), yaml.safe_load(CONFIG.read_text()))
-        with atomic_file(DOCS_PAGE) as out:
-            out.write(page)
+    try:
+        sys.stdout.write("".join(arg + "\0" for arg in rewrite_config_args(sys.argv[2:])))
+    except CommandLineError as error:
+        sys.exit(f"draftline: {error}")
