@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # `auto` bars for hidden_states.fidelity.min_top1, from benchmarks/results/hidden_state_fidelity.md
-# (docs/gpu.md, "Hidden-state fidelity", says which failures each catches)
+# (docs/hidden-states.md, "Hidden-state fidelity", says which failures each catches)
 AUTO_MIN_TOP1_GREEDY = 0.8  # greedy regenerated answers: the target's own top-1 tokens (re-tokenized)
 AUTO_MIN_TOP1_OTHER = 0.2  # the dataset's own answers, or answers sampled at temperature > 0
 
