@@ -1,9 +1,9 @@
 # Acceptance of the final draft in vLLM's own speculative decoding, one job per prompt set: the
 # validation prompts (for choosing settings), the test prompts (the figures to report) and each
 # of the user's own prompt sets; an untrained draft of the same config measured on the test set
-# is the baseline (a job of its own that training never reruns). Greedy speculative outputs must
-# equal the target's own (checked on every prompt). `evaluate` gathers them into
-# results/eval/acceptance.json: a new, edited or removed set reruns that set's job and this one.
+# is the baseline (a job of its own that training never reruns). Greedy speculative outputs are
+# compared with the target's own on every prompt (at most evaluate.lossless_tolerance of a set's
+# may differ). `evaluate` gathers them into results/eval/acceptance.json: a new, edited or removed set reruns that set's job and this one.
 
 # What every vLLM evaluation job is given (the same settings, so their numbers compare).
 EVALUATION_PARAMS = dict(
@@ -12,6 +12,7 @@ EVALUATION_PARAMS = dict(
     max_prompts=config["evaluate"]["max_prompts"],
     per_prompt_counts=config["evaluate"]["per_prompt_counts"],
     batch1_prompts=config["evaluate"]["batch1_prompts"],
+    lossless_tolerance=config["evaluate"]["lossless_tolerance"],
     seed=config["evaluate"]["seed"],
     target=TARGET_IDENTITY,
     target_dir=TARGET_PATH,

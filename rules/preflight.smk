@@ -29,7 +29,7 @@ PREFLIGHT_DECODING = dict(
     max_seq_len=config["tokenize"]["max_seq_len"],
     chat_template=config["target"]["chat_template"],
     chat_template_kwargs=config["target"]["chat_template_kwargs"],
-    evaluate={k: config["evaluate"][k] for k in ("max_new_tokens", "num_speculative_tokens", "seed")},
+    evaluate={k: config["evaluate"][k] for k in ("max_new_tokens", "num_speculative_tokens", "seed", "lossless_tolerance")},
 )
 
 

@@ -18,6 +18,7 @@ if __name__ == "__main__":  # vLLM spawns worker processes that re-import this f
             num_speculative_tokens=p.evaluate["num_speculative_tokens"],
             max_new_tokens=p.evaluate["max_new_tokens"],
             seed=p.evaluate["seed"],
+            lossless_tolerance=p.evaluate["lossless_tolerance"],
             chat_template=p.chat_template,
             chat_template_kwargs=p.chat_template_kwargs,
             threads=snakemake.threads,

@@ -604,7 +604,7 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
         {"lossless": True, "sets": {"test": {"prompts": len(rows), "drafts": {"untrained": mine}}}}))
     out = tmp_path / "h200_x"
     result = _python(str(CUDA / "h200_session_record.py"), str(tmp_path / "u"), "--out", str(out), "--commit", "abc1234",
-                     "--date", "2026-12-05", "--title", "T", "--lead", "L", "--command", "C", "--versions", "V",
+                     "--date", "2026-12-05", "--title", "T", "--lead", "L", "--command", "C", "--versions", "V", "--machine", "M",
                      "--cpu-record", str(BENCH / "results" / "default_acceptance.json"))
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.with_suffix(".json").read_text())["runs"]["default"]
@@ -698,3 +698,27 @@ def test_an_h200_preset_run_reads_its_preset_and_the_hosts_overlay_in_one_option
     assert sets.startswith("snakemake results/eval/sets/test.json") and f"{both} --resources gpu=1" in sets
     assert whole.endswith(f"{both} --resources gpu=1")
     assert (tmp_path / "w" / "sharegpt" / "repo" / "results" / "regenerated" / "conversations.jsonl").is_file()
+
+
+def test_a_host_session_record_takes_versions_machine_and_a_failed_step_from_what_the_run_wrote(tmp_path):
+    """h200_session_record.py: the versions are those the jobs wrote into their provenance files,
+    the machine the GPU that `wait` listed, and a job that stopped itself says why in the record."""
+    run = tmp_path / "u" / "sharegpt" / "repo"
+    (run / "logs" / "evaluate").mkdir(parents=True)
+    (run / "results" / "tokenized").mkdir(parents=True)
+    (run / "results" / "tokenized" / "provenance.json").write_text(json.dumps(
+        {"versions": {"vllm": "0.26.0", "torch": "2.11.0"}, "workflow": {"commit": "2aab12bd2398", "dirty": True}}))
+    (run / "logs" / "evaluate" / "sets.log").write_text(
+        "2026-12-07 09:28:24,930 draftline step failed: speculative decoding with the trained draft changed it\n")
+    (tmp_path / "u" / "sharegpt" / "status").write_text("start 2026-12-07T09:12:31Z x\n")
+    (tmp_path / "u" / "gpu.csv").write_text("name, memory.used [MiB]\nNVIDIA H100 80GB HBM3, 1 MiB\n")
+    out = tmp_path / "record"
+    done = _python(str(CUDA / "h200_session_record.py"), str(tmp_path / "u"), "--out", str(out), "--commit", "abc1234",
+                   "--date", "2026-12-07", "--title", "t", "--lead", "l", "--command", "c")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.with_suffix(".json").read_text())
+    facts = record["runs"]["sharegpt"]
+    assert facts["versions"] == {"torch": ["2.11.0"], "vllm": ["0.26.0"]}
+    assert facts["workflow_commits"] == ["2aab12b with uncommitted changes"]
+    assert record["machine"] == "1 x NVIDIA H100 80GB HBM3"
+    assert any("step failed" in line for line in facts["stage_lines"]["evaluate/sets"])

@@ -47,11 +47,27 @@ CANDIDATES = [
 def test_lossless_check_names_the_prompt_whose_output_differs():
     prompts = [Prompt("a1", []), Prompt("b2", []), Prompt("c3", [])]
     reference = [[5, 6, 7], [8, 9, 10, 11], [1]]
-    check_lossless(prompts, reference, [list(r) for r in reference], "trained")  # identical: passes
-    with pytest.raises(LosslessError, match=r"trained draft.*'b2' at output token 2"):
+    report = check_lossless(prompts, reference, [list(r) for r in reference], "trained")  # identical: passes
+    assert report["identical"] == 3 and report["differing"] == []
+    with pytest.raises(LosslessError, match=r"trained draft.* 1 of 3 .*'b2', at output token 2"):
         check_lossless(prompts, reference, [[5, 6, 7], [8, 9, 99, 11], [1]], "trained")
-    with pytest.raises(LosslessError, match=r"'c3' at output token 1"):  # one output longer
+    with pytest.raises(LosslessError, match=r"'c3', at output token 1"):  # one output longer
         check_lossless(prompts, reference, [[5, 6, 7], [8, 9, 10, 11], [1, 2]], "untrained")
+
+
+def test_a_few_differing_outputs_within_the_tolerance_are_counted_and_more_stop_the_job():
+    """bfloat16 verification may flip a near-tie: evaluate.lossless_tolerance lets that share of a
+    set differ, each one named with the output token it first differs at; more stop the job."""
+    prompts = [Prompt(f"p{i}", []) for i in range(20)]
+    reference = [[1, 2, 3, 4]] * 20
+    one_late = [[1, 2, 3, 4]] * 19 + [[1, 2, 3, 9]]
+    report = check_lossless(prompts, reference, one_late, "trained", tolerance=0.05)
+    assert report["identical"] == 19 and [(d["id"], d["at"]) for d in report["differing"]] == [("p19", 3)]
+    two = [[1, 2, 3, 4]] * 18 + [[1, 9, 3, 4], [1, 2, 3, 9]]
+    with pytest.raises(LosslessError, match=r"2 of 20 .*lossless_tolerance 0.05 allows 1.*'p18', at output token 1"):
+        check_lossless(prompts, reference, two, "trained", tolerance=0.05)
+    with pytest.raises(LosslessError, match="allows 0"):
+        check_lossless(prompts, reference, one_late, "trained", tolerance=0.0)
 
 
 def test_counters_are_read_from_vllm_metric_objects_and_summed_over_engines():
@@ -101,12 +117,13 @@ def test_both_evaluation_jobs_take_the_evaluate_block_on_the_runs_engine_setting
 
     engine = EngineSettings(dtype="float32", enforce_eager=True)
     params = SimpleNamespace(engine=engine, num_speculative_tokens=3, max_new_tokens=17, max_prompts=5,
-                             per_prompt_counts="separate_calls", batch1_prompts=None, seed=9,
+                             per_prompt_counts="separate_calls", batch1_prompts=None, lossless_tolerance=0.1, seed=9,
                              chat_template="t.jinja", chat_template_kwargs={"enable_thinking": False})
     settings = EvaluateSettings.from_params(params, threads=4)
     assert (settings.num_speculative_tokens, settings.max_new_tokens, settings.max_prompts, settings.per_prompt_counts,
-            settings.batch1_prompts, settings.seed, settings.chat_template, settings.chat_template_kwargs,
-            settings.threads) == (3, 17, 5, "separate_calls", None, 9, "t.jinja", {"enable_thinking": False}, 4)
+            settings.batch1_prompts, settings.lossless_tolerance, settings.seed, settings.chat_template,
+            settings.chat_template_kwargs, settings.threads) == (
+        3, 17, 5, "separate_calls", None, 0.1, 9, "t.jinja", {"enable_thinking": False}, 4)
     assert (settings.dtype, settings.enforce_eager) == ("float32", True)
 
 

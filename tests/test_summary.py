@@ -314,3 +314,22 @@ def test_the_training_rate_says_what_the_first_steps_took(tmp_path):
     assert summary["training"]["median_step_tokens_per_s"] == 34001.5
     assert ("muon on cuda x 1, 3,960 tokens/s over all steps, 34,002 at the median step (the rest: start-up and "
             "compilation steps).") in to_markdown(summary)
+
+
+def test_the_summary_says_which_sets_had_outputs_unlike_the_targets_and_from_which_token():
+    """Outputs that differ within evaluate.lossless_tolerance are not hidden: the page names the
+    set, the draft, how many of its prompts and the earliest differing output token."""
+    from draftline.stages.summary.page import _lossless_line
+    from draftline.stages.summary.records import acceptance_table
+
+    def draft(differing):
+        return {"mean_acceptance_length": 2.0, "acceptance_per_position": [0.5, 0.3, 0.2],
+                "lossless": {"prompts": 74, "identical": 74 - len(differing), "tolerance": 0.05,
+                             "differing": [{"id": f"p{at}", "at": at} for at in differing]}}
+
+    acceptance = {"num_speculative_tokens": 3, "headline_set": "test", "lossless": False,
+                  "sets": {"test": {"prompts": 74, "drafts": {"trained": draft([124, 90])}},
+                           "validation": {"prompts": 74, "drafts": {"trained": draft([])}}}}
+    line = _lossless_line({"lossless": False}, acceptance_table(acceptance))
+    assert "test, trained draft: 2 of 74 prompts, first from output token 90" in line and "validation" not in line
+    assert _lossless_line({"lossless": True}, acceptance_table(acceptance)).endswith(": True.")

@@ -48,9 +48,9 @@ def gpu_jobs(repo: Path) -> list[dict]:
 
 
 # what each stage measured of itself, in its job's log: engine starts, rates, fidelity, training
-STAGE_LINE = re.compile(r"^\S+ (\d\d:\d\d:\d\d),\d+ (draftline\.\S+) (.*(?:loaded in [\d.]+ s|engine ready in|"
+STAGE_LINE = re.compile(r"^\S+ (\d\d:\d\d:\d\d),\d+ (draftline(?:\.\S+)?) (.*(?:loaded in [\d.]+ s|engine ready in|"
                         r"tok/s|tokens/s|ms per output token|top-1 agreement|answers truncated|trainer finished in|chose epoch|"
-                        r"epoch \d+ done).*)")
+                        r"epoch \d+ done|step failed).*)")
 
 
 def stage_lines(repo: Path) -> dict:
@@ -112,6 +112,21 @@ def steps_done(log: str) -> list[str]:
     return [f"{n} of {m}" for n, m in calls]
 
 
+def provenance(repo: Path) -> dict:
+    """The package versions and workflow commits the run's jobs wrote into their provenance files
+    (draftline.lineage.provenance), each distinct value once: what ran, not what was meant to."""
+    versions: dict[str, set] = {}
+    commits = set()
+    for path in sorted((repo / "results").rglob("provenance.json")):
+        data = json.loads(path.read_text())
+        for name, version in (data.get("versions") or {}).items():
+            versions.setdefault(name, set()).add(str(version))
+        workflow = data.get("workflow") or {}
+        if workflow.get("commit"):
+            commits.add(workflow["commit"][:7] + (" with uncommitted changes" if workflow.get("dirty") else ""))
+    return {"versions": {k: sorted(v) for k, v in sorted(versions.items())}, "workflow_commits": sorted(commits)}
+
+
 def run_facts(folder: Path, cpu_record: Path | None) -> dict:
     repo = folder / "repo"
     status = (folder / "status").read_text().splitlines() if (folder / "status").is_file() else []
@@ -124,6 +139,7 @@ def run_facts(folder: Path, cpu_record: Path | None) -> dict:
         "gpu_jobs": gpu_jobs(repo),
         "stage_lines": stage_lines(repo),
         "acceptance": acceptance_files(repo, cpu_record),
+        **provenance(repo),
     }
     report = repo / "results" / "preflight" / "report.json"
     if report.is_file():
@@ -131,6 +147,14 @@ def run_facts(folder: Path, cpu_record: Path | None) -> dict:
         facts["preflight"] = {"ok": data["ok"], "failed": data["failed"], "measured": data["measured"],
                               "checks": data["checks"]}
     return facts
+
+
+def gpu_named(csv: Path) -> str:
+    """`wait`'s nvidia-smi listing (name, memory.used, memory.total, utilization.gpu): the GPUs by name."""
+    if not csv.is_file():
+        raise SystemExit(f"{csv}: no GPU listing from the host (pass --machine)")
+    names = [line.split(",")[0].strip() for line in csv.read_text().splitlines()[1:] if line.strip()]
+    return f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
 
 
 def interval(ci) -> str:
@@ -165,6 +189,9 @@ def markdown(record: dict) -> str:
                 lines.append(f"| {key} | {a['prompts']} | {a['mean_acceptance_length']:.4f} | {interval(a['bootstrap_95'])} | "
                              f"{counts} | {paired} |")
             lines.append("")
+        if facts.get("versions"):
+            lines += ["Versions (the jobs' provenance files): " + ", ".join(f"{k} {'/'.join(v)}" for k, v in facts["versions"].items())
+                      + "; workflow commit as the jobs saw it: " + (", ".join(facts["workflow_commits"]) or "none") + ".", ""]
         lines += ["| job (GPU, in turn) | waited from | GPU from | last draftline log line |", "|---|---|---|---|"]
         lines += [f"| {j['job']} | {j['waited_from'] or '-'} | {j['gpu_from']} | {j['last_log_line']} |" for j in facts["gpu_jobs"]]
         lines += ["", "Job seconds (Snakemake's benchmark files; a GPU job's include its wait for the GPU): "
@@ -174,7 +201,8 @@ def markdown(record: dict) -> str:
             for job, found in facts["stage_lines"].items():
                 lines += [f"- `{job}`:"] + [f"  - `{x}`" for x in found]
             lines.append("")
-    lines += [f"Commit {record['commit']}; {record['machine']}; {record['versions']}; {record['date']}. "
+    versions = f"; {record['versions']}" if record.get("versions") else ""
+    lines += [f"Commit {record['commit']}; {record['machine']}{versions}; {record['date']}. "
               f"Command: `{record['command']}`.", ""]
     if record.get("note"):
         lines += [record["note"], ""]
@@ -190,14 +218,15 @@ def main() -> None:
     parser.add_argument("--title", required=True)
     parser.add_argument("--lead", required=True, help="the record's one bold line")
     parser.add_argument("--command", required=True)
-    parser.add_argument("--machine", default="one NVIDIA H200 (the device tool's nvidia-h200), 16 CPU cores")
-    parser.add_argument("--versions", required=True)
+    parser.add_argument("--machine", help="the machine in words; by default the GPU that `wait` listed (UNPACKED/gpu.csv)")
+    parser.add_argument("--versions", help="only for runs whose jobs wrote no provenance (each run's are read from it)")
     parser.add_argument("--cpu-record", type=Path)
     parser.add_argument("--note")
     args = parser.parse_args()
+    machine = args.machine or gpu_named(args.unpacked / "gpu.csv")
     runs = {folder.name: run_facts(folder, args.cpu_record) for folder in sorted(args.unpacked.iterdir()) if (folder / "repo").is_dir()}
     record = {"title": args.title, "lead": args.lead, "command": args.command, "commit": args.commit, "date": args.date,
-              "machine": args.machine, "versions": args.versions, "cpu_record": str(args.cpu_record) if args.cpu_record else None,
+              "machine": machine, "versions": args.versions, "cpu_record": str(args.cpu_record) if args.cpu_record else None,
               "note": args.note, "runs": runs}
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(record))

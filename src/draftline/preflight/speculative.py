@@ -62,14 +62,16 @@ def run_speculative(
         measured["speculative_load_seconds"] = round(time.monotonic() - t0, 1)
         try:
             run = evaluate.timed_generate(llm, prompts, evaluate_settings, chat_template)
-            evaluate.check_lossless(prompts, reference["token_ids"], run["token_ids"], "untrained", llm.get_tokenizer())
+            lossless = evaluate.check_lossless(prompts, reference["token_ids"], run["token_ids"], "untrained",
+                                               llm.get_tokenizer(), tolerance=evaluate_settings.lossless_tolerance)
         finally:
             shutdown(llm)
         numbers = evaluate.acceptance(run["counters"], evaluate_settings.num_speculative_tokens)
         measured["speculative_tokens_per_s"] = run["output_tokens_per_s"]
         return passed(LOSSLESS, (
-            f"{len(prompts)} prompts, {run['output_tokens']:,} tokens: equal to the target's own greedy outputs token "
-            f"for token; mean acceptance length {numbers['mean_acceptance_length']:.2f} with k="
+            f"{len(prompts)} prompts, {run['output_tokens']:,} tokens: {lossless['identical']} of them equal to the target's "
+            f"own greedy outputs token for token (evaluate.lossless_tolerance {lossless['tolerance']}); mean acceptance "
+            f"length {numbers['mean_acceptance_length']:.2f} with k="
             f"{evaluate_settings.num_speculative_tokens} (an untrained draft: about 1)"
         ), mean_acceptance_length=round(numbers["mean_acceptance_length"], 4))
 

@@ -53,6 +53,16 @@ class EvaluateBlock(Block):
             "slower). The set's figure and speed stay the batched call's."
         ),
     )
+    lossless_tolerance: Number = setting(
+        0.05, ge=0, le=1,
+        description=(
+            "Share of a set's prompts whose greedy output with a draft may differ from the target's own before the job stops. Greedy "
+            "speculative decoding is lossless up to floating-point numerics (vLLM's own guarantee): in bfloat16 the target verifies a "
+            "draft's tokens several at a time, and a near-tie between its top two tokens can come out the other way. Every differing "
+            "prompt is counted and named in the results (which output token first differed); a broken engine or draft changes most "
+            "outputs and stops here. 0 = every output identical."
+        ),
+    )
     batch1_prompts: int | None = setting(
         8, ge=0,
         description=(

@@ -20,8 +20,9 @@ measured on the same prompts compare prompt by prompt: the trained draft against
 one here (`trained_minus_untrained`, a paired bootstrap), two evaluations with
 `benchmarks/compare_acceptance.py`.
 
-Greedy speculative decoding is lossless: every speculative output must be token-identical
-to the target's own; the first prompt where it is not stops the evaluation (LosslessError).
+Greedy speculative decoding is lossless up to floating-point numerics: each speculative output
+is compared with the target's own, every differing prompt counted and named; more of a set's
+than `evaluate.lossless_tolerance` allows stop the evaluation (LosslessError).
 
 One module per idea:
 - settings: what the step is given (EvaluateSettings)

@@ -72,7 +72,8 @@ def checkpoint_record(checkpoint: str | Path) -> dict:
 
 def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, list[Prompt]]) -> dict[str, dict]:
     """One draft in the target's speculative decoding on each of `sets`: set name -> its numbers.
-    Its outputs must equal the target's alone (lossless), prompt by prompt."""
+    Its outputs are compared with the target's alone, prompt by prompt (check_lossless: within
+    `evaluate.lossless_tolerance`, each differing prompt counted in the set's `lossless`)."""
     settings, chat_template, reference = alone.settings, alone.chat_template, alone.reference
     k = settings.num_speculative_tokens
     load_started = time.monotonic()
@@ -82,7 +83,8 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
     results = {}
     for name, prompts in sets.items():
         run = timed_generate(llm, prompts, settings, chat_template)
-        check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, alone.tokenizer)
+        lossless = check_lossless(prompts, reference[name]["token_ids"], run["token_ids"], draft, alone.tokenizer,
+                                  tolerance=settings.lossless_tolerance)
         numbers = acceptance(run["counters"], k)
         ids, where = [p.id for p in prompts], f"{name}, {draft} draft"
         if settings.per_prompt_counts == "separate_calls":  # each prompt again, in a call of its own
@@ -112,13 +114,14 @@ def measure_draft(alone: TargetAlone, draft: str, checkpoint, sets: dict[str, li
             "counters": run["counters"],
             "per_prompt": prompts_counted,
             "batch1": latency,
+            "lossless": lossless,
         }
         log.info(
             "%s, %s draft: mean acceptance length %.3f (95%% bootstrap %s), acceptance rate %.3f, per position %s, "
-            "%.1f tok/s (target alone %.1f); outputs identical to the target's on all %d prompts",
+            "%.1f tok/s (target alone %.1f); outputs identical to the target's on %d of %d prompts",
             name, draft, numbers["mean_acceptance_length"], (results[name]["spread"] or {}).get("bootstrap_95"),
             numbers["acceptance_rate"], [round(x, 3) for x in numbers["acceptance_per_position"]],
-            run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], len(prompts),
+            run["output_tokens_per_s"], reference[name]["output_tokens_per_s"], lossless["identical"], len(prompts),
         )
         if latency:
             log.info("%s, %s draft at batch 1 (%d prompts, each alone): %.3f ms per output token (target alone %.3f), "

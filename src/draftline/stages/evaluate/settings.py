@@ -18,6 +18,7 @@ class EvaluateSettings(EngineSettings):
     # each prompt's counts: vLLM's per-request metrics (vllm) or a call per prompt (separate_calls)
     per_prompt_counts: str = DEFAULTS.evaluate.per_prompt_counts
     batch1_prompts: int | None = DEFAULTS.evaluate.batch1_prompts  # per set, timed one at a time; None = all
+    lossless_tolerance: float = DEFAULTS.evaluate.lossless_tolerance  # share of a set's outputs that may differ
     chat_template: str | None = None  # path to a Jinja template replacing the tokenizer's
     # target.chat_template_kwargs: the template's variables (e.g. enable_thinking)
     chat_template_kwargs: dict = field(default_factory=dict)
@@ -34,6 +35,7 @@ class EvaluateSettings(EngineSettings):
             max_prompts=params.max_prompts,
             per_prompt_counts=params.per_prompt_counts,
             batch1_prompts=params.batch1_prompts,
+            lossless_tolerance=params.lossless_tolerance,
             seed=params.seed,
             chat_template=params.chat_template,
             chat_template_kwargs=params.chat_template_kwargs,

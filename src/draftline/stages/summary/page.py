@@ -59,6 +59,18 @@ def _batch1_lines(acceptance: pd.DataFrame) -> list[str]:
             "verification) to yield more tokens than it costs steps of the target alone.", ""]
 
 
+def _lossless_line(summary: dict, acceptance: pd.DataFrame) -> str:
+    """Whether every speculative output equals the target's own; where some differ (within
+    evaluate.lossless_tolerance), which sets, how many and from which output token."""
+    if summary["lossless"] or "outputs_unlike_target" not in acceptance:
+        return f"Every speculative output identical to the target's own: {summary['lossless']}."
+    unlike = acceptance[acceptance["outputs_unlike_target"].fillna(0) > 0]
+    where = "; ".join(f"{r['set']}, {r['draft']} draft: {int(r['outputs_unlike_target'])} of {int(r['prompts'])} prompts, "
+                      f"first from output token {int(r['first_unlike_token'])}" for r in unlike.to_dict("records"))
+    return ("Every speculative output identical to the target's own: False, within `evaluate.lossless_tolerance` "
+            f"(greedy speculative decoding is lossless up to floating-point numerics): {where}.")
+
+
 def to_markdown(summary: dict) -> str:
     lines = [f"# {summary['run']}: draft for {summary['target']}", ""]
     if summary["warnings"]:
@@ -79,7 +91,7 @@ def to_markdown(summary: dict) -> str:
                      f"{row['output_tokens_per_s']:.1f}" if row.get("output_tokens_per_s") is not None else "n/a",
                      _fmt(row.get("speedup"))]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", f"Every speculative output identical to the target's own: {summary['lossless']}.", ""]
+        lines += ["", _lossless_line(summary, acceptance), ""]
         lines += _batch1_lines(acceptance)
     training = summary["training"]
     if training:

@@ -89,9 +89,20 @@ def acceptance_table(acceptance: dict) -> pd.DataFrame:
                 "interval_95": interval, "acceptance_rate": numbers.get("acceptance_rate"),
                 **{f"position_{i + 1}": per_position[i] for i in range(k)},
                 "output_tokens_per_s": numbers.get("output_tokens_per_s"), "speedup": numbers.get("speedup"),
+                **lossless_columns(numbers.get("lossless")),
                 **batch1_columns(numbers.get("batch1")),
             })
     return pd.DataFrame(rows)
+
+
+def lossless_columns(lossless: dict | None) -> dict:
+    """How many of a set's outputs with the draft differ from the target's own, and the earliest
+    output token where one does (draftline.stages.evaluate.lossless; None in records written
+    before it was counted, when every output had to be identical)."""
+    if not lossless:
+        return {"outputs_unlike_target": None, "first_unlike_token": None}
+    return {"outputs_unlike_target": len(lossless["differing"]),
+            "first_unlike_token": min((d["at"] for d in lossless["differing"]), default=None)}
 
 
 def batch1_columns(latency: dict | None) -> dict:
