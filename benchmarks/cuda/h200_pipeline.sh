@@ -172,6 +172,10 @@ pack() {
     (cd "$dir" && tar czf "$out/$run.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
       --exclude='*.arrow' --exclude='*.gguf' --exclude='*.npy' --exclude='resources' --exclude='.staging' \
       --exclude='work' status run.log $(ls -d repo/logs repo/results repo/.snakemake/log out out.* 2>/dev/null)) 2>/dev/null
+    # a file over 16 MiB does not come back from the host: parts of 15 MB (`cat RUN.tar.gz.* | tar xzf -`)
+    if (( $(stat -c %s "$out/$run.tar.gz") > 15728640 )); then
+      split -b 15M -d "$out/$run.tar.gz" "$out/$run.tar.gz." && rm "$out/$run.tar.gz"
+    fi
     # what the record is written from, unpacked: the summary, the report, per-prompt acceptance, the rates
     mkdir -p "$out/$run"
     cp "$dir/status" "$out/$run/" 2>/dev/null

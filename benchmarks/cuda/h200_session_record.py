@@ -5,7 +5,8 @@
 
 UNPACKED holds each run's tarball as `wait` brought it back, unpacked into a folder named after
 the run (`mkdir -p U/default && tar xzf FILES/default.tar.gz -C U/default`, the same for
-preflight). For each run: its status lines (start, end, rc), each job's GPU wait and GPU time
+preflight; a tarball over 15 MB comes in parts: `cat FILES/default.tar.gz.* | tar xzf - -C U/default`),
+and `wait`'s gpu.csv beside them. For each run: its status lines (start, end, rc), each job's GPU wait and GPU time
 (from `draftline.runtime.devices`' lines in the job logs: all runs share one GPU lock folder,
 so a job's benchmark time includes its wait), each job's Snakemake benchmark seconds, what
 ran and what did not (the DAG's jobs planned against those with a benchmark file); preflight's
