@@ -98,7 +98,7 @@ def test_a_cuda_12_driver_under_the_cuda_13_torch_fails_saying_what_to_install(n
     assert driver.status == FAIL
     assert "built for CUDA 13.0 but this node's driver 580.65.06 supports CUDA 12.4" in driver.reason
     assert "cu128" in driver.reason and "vLLM 0.32.0 wheel built for the same CUDA" in driver.reason
-    assert "docs/cluster.md, 'CUDA 12 drivers'" in driver.reason
+    assert "docs/gpu.md, 'CUDA 12 drivers'" in driver.reason
     # the device check's "sees no GPU" points at the driver, the real cause
     torch = checks[preflight.TORCH]
     assert torch.status == FAIL and "sees no GPU" in torch.reason and f"see '{preflight.DRIVER}'" in torch.reason

@@ -311,7 +311,7 @@ def gpus_seen() -> str | None:
 REBUILD_GPU = (
     "build the GPU environment where the jobs can see it: `DRAFTLINE_ENV=gpu ./draftline true` "
     "(./draftline otherwise builds for the machine that calls it; a login node has no GPU), "
-    "or use --sdm conda (docs/cluster.md)"
+    "or use --sdm conda (docs/gpu.md)"
 )
 
 

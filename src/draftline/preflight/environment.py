@@ -82,7 +82,7 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
 CUDA_12_GUIDANCE = (
     "update the driver to one that supports CUDA {build} (CUDA 13 needs driver {cuda13}+), or, on CUDA 12 "
     "drivers, install the CUDA 12 builds into the environment: torch {torch} from PyTorch's cu128 index "
-    "(cu126 for older CUDA 12 drivers) and the vLLM {vllm} wheel built for the same CUDA (docs/cluster.md, "
+    "(cu126 for older CUDA 12 drivers) and the vLLM {vllm} wheel built for the same CUDA (docs/gpu.md, "
     "'CUDA 12 drivers')"
 )
 
@@ -199,7 +199,7 @@ def _vllm_check(vllm: str | BaseException, node: Node, env: EnvironmentPlan) -> 
     return failed(VLLM, (
         f"{one_line(vllm, 400)}: a vLLM wheel runs with the torch build it was compiled against; this "
         f"environment has torch {node.torch_version}: install the vLLM {env.versions.get('vllm', '')} wheel built for "
-        "this torch's CUDA, or rebuild the environment from requirements/ (docs/cluster.md, 'CUDA 12 drivers')"
+        "this torch's CUDA, or rebuild the environment from requirements/ (docs/gpu.md, 'CUDA 12 drivers')"
     ))
 
 
@@ -247,7 +247,7 @@ def run_environment(target_dir: str | Path, out_dir: str | Path, env: Environmen
     node = _tried(lambda: probe(claim_error), "probing the node (torch, CUDA)")
     if isinstance(node, BaseException):  # torch itself does not import or start: nothing else can run
         checks = [failed(TORCH, f"{one_line(node)}: rebuild the environment (DRAFTLINE_ENV=gpu ./draftline true, "
-                                "docs/cluster.md)")]
+                                "docs/gpu.md)")]
         devices, memory = (GPUS, GPU_MEMORY) if env.device == "cuda" else (CORES, HOST_MEMORY)
         checks += skip_all([VERSIONS, DRIVER, VLLM, devices, memory, TARGET], f"'{TORCH}' failed")
         return write_part(out_dir, "environment", checks)

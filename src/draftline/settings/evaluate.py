@@ -54,7 +54,7 @@ class EvaluateBlock(Block):
         ),
     )
     lossless_tolerance: Number = setting(
-        0.05, ge=0, le=1,
+        0.1, ge=0, le=1,
         description=(
             "Share of a set's prompts whose greedy output with a draft may differ from the target's own before the job stops. Greedy "
             "speculative decoding is lossless up to floating-point numerics (vLLM's own guarantee): in bfloat16 the target verifies a "
