@@ -322,8 +322,10 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
         ("stages/tokenize/job.py", lambda text: text.replace("\n\n\ndef ", "\n\n\n# a comment\ndef ", 1) + "\n# another\n"),
         ("text_helpers.py", lambda text: text.replace("def strip_text(text):\n", 'def strip_text(text):\n    """A docstring."""\n')),
         ("stages/tokenize/job.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
+        # every stage imports draftline.settings: a setting's description is text for the schema and docs
+        ("settings/draft.py", lambda text: text.replace('description="Training epochs."', 'description="Passes over the data."')),
     ],
-    ids=["comment", "docstring", "line-wrap"],
+    ids=["comment", "docstring", "line-wrap", "setting-description"],
 )
 def test_a_comment_docstring_or_line_wrap_reruns_nothing(code_run, module, edit):
     """The syntax tree decides (draftline.planning.rule_params.code_digest): linting or documenting the code

@@ -141,10 +141,14 @@ def code_hash(src: str | Path, modules: tuple[str, ...], script: str | Path | No
 
 @cache
 def code_digest(path: Path, mtime_ns: int = 0, size: int = 0) -> str:
-    """sha256 of a Python file's syntax tree without docstrings (`ast.dump`: no comments, no
-    layout, no line numbers). mtime and size key the cache: one parse per file version."""
+    """sha256 of a Python file's syntax tree without docstrings and without the `description=`
+    of a call (a setting's or a field's text for the schema and docs: draftline.settings.fields;
+    `ast.dump`: no comments, no layout, no line numbers). mtime and size key the cache: one parse
+    per file version."""
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            node.keywords = [k for k in node.keywords if k.arg != "description"]
         body = getattr(node, "body", None)
         if (
             isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
