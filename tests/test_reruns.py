@@ -324,12 +324,17 @@ def test_tokenization_code_fix_reruns_tokenize_and_after(code_run, module, edit)
         ("stages/tokenize/job.py", lambda text: text.replace("logging.getLogger(__name__)", "logging.getLogger(\n    __name__\n)")),
         # every stage imports draftline.settings: a setting's description is text for the schema and docs
         ("settings/draft.py", lambda text: text.replace('description="Training epochs."', 'description="Passes over the data."')),
+        # a new setting of one block: its value reaches only the rules that pass it as a param
+        ("settings/evaluate.py", lambda text: text.replace(
+            "    num_speculative_tokens: int = setting(3,",
+            '    a_new_setting: int = setting(1, ge=0, description="No rule passes it.")\n'
+            "    num_speculative_tokens: int = setting(3,")),
     ],
-    ids=["comment", "docstring", "line-wrap", "setting-description"],
+    ids=["comment", "docstring", "line-wrap", "setting-description", "new-setting"],
 )
 def test_a_comment_docstring_or_line_wrap_reruns_nothing(code_run, module, edit):
-    """The syntax tree decides (draftline.planning.rule_params.code_digest): linting or documenting the code
-    costs no rerun of hours of GPU work."""
+    """The syntax tree decides (draftline.planning.rule_params.code_digest): linting or documenting the code,
+    or adding a setting that no rule passes yet, costs no rerun of hours of GPU work."""
     repo, workdir = code_run
     path = repo / "src" / "draftline" / module
     old = _edit(path, edit)
