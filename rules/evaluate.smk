@@ -3,7 +3,8 @@
 # of the user's own prompt sets; an untrained draft of the same config measured on the test set
 # is the baseline (a job of its own that training never reruns). Greedy speculative outputs are
 # compared with the target's own on every prompt (at most evaluate.lossless_tolerance of a set's
-# may differ). `evaluate` gathers them into results/eval/acceptance.json: a new, edited or removed set reruns that set's job and this one.
+# may differ). `evaluate` gathers them into results/eval/acceptance.json: a new, edited or
+# removed set reruns that set's job and this one.
 
 # What every vLLM evaluation job is given (the same settings, so their numbers compare).
 EVALUATION_PARAMS = dict(

@@ -139,20 +139,20 @@ def code_hash(src: str | Path, modules: tuple[str, ...], script: str | Path | No
     return digest.hexdigest()
 
 
-@cache
 def _named(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
+@cache
 def code_digest(path: Path, mtime_ns: int = 0, size: int = 0) -> str:
-    """sha256 of a Python file's syntax tree without docstrings, without the `description=` of a
-    call (a setting's text for the schema and docs: draftline.settings.fields) and without the
-    fields of draftline.settings' config blocks (`ast.dump`: no comments, no layout, no line
-    numbers). mtime and size key the cache: one parse per file version."""
+    """sha256 of a Python file's syntax tree without docstrings (`ast.dump`: no comments, no
+    layout, no line numbers) and, in draftline.settings, without the fields of its config blocks
+    and the `description=` of its calls (a setting's text for the schema and docs). mtime and
+    size key the cache: one parse per file version."""
     tree = ast.parse(path.read_text(), filename=str(path))
     settings_model = path.parent.name == "settings" and path.parent.parent.name == PACKAGE
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
+        if settings_model and isinstance(node, ast.Call):
             node.keywords = [k for k in node.keywords if k.arg != "description"]
         if settings_model and isinstance(node, ast.ClassDef) and any(_named(b).endswith("Block") for b in node.bases):
             # a config block's fields (draftline.settings): their values reach a step through its

@@ -62,7 +62,7 @@ def _batch1_lines(acceptance: pd.DataFrame) -> list[str]:
 def _lossless_line(summary: dict, acceptance: pd.DataFrame) -> str:
     """Whether every speculative output equals the target's own; where some differ (within
     evaluate.lossless_tolerance), which sets, how many and from which output token."""
-    if summary["lossless"] or "outputs_unlike_target" not in acceptance:
+    if summary["lossless"]:
         return f"Every speculative output identical to the target's own: {summary['lossless']}."
     unlike = acceptance[acceptance["outputs_unlike_target"].fillna(0) > 0]
     where = "; ".join(f"{r['set']}, {r['draft']} draft: {int(r['outputs_unlike_target'])} of {int(r['prompts'])} prompts, "
