@@ -253,6 +253,27 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
     assert (out / "preflight.tar.gz").exists() and (out / "session.log").exists()
 
 
+def test_an_h200_wait_for_a_file_brings_it_back_while_the_run_goes_on(tmp_path):
+    """`wait SECONDS PATH`: once PATH is in a run's checkout (the trained draft's test set) the call
+    copies what is done into $OUT and returns, the run still going, so a machine taken back later
+    keeps those figures; without PATH it waits for the queue's end."""
+    import time
+
+    call = _h200_queue(tmp_path, ("default",),
+                       "mkdir -p results/eval/sets results/eval && echo '{}' > results/eval/sets/test.json\n"
+                       "echo '{}' > results/eval/acceptance.json; sleep 6\n")
+    assert call("session", "default").returncode == 0
+    started = time.monotonic()
+    early = call("wait", "60", "results/eval/sets/test.json")
+    assert early.returncode == 0 and "found results/eval/sets/test.json" in early.stdout, early.stdout
+    assert time.monotonic() - started < 5
+    status = (tmp_path / "w" / "default" / "status").read_text().splitlines()
+    assert status[-1].startswith("start")  # still running
+    assert (tmp_path / "out" / "default" / "acceptance.json").exists()
+    assert call("wait", "60").returncode == 0  # the queue's end
+    assert (tmp_path / "w" / "default" / "status").read_text().splitlines()[-1].endswith("rc 0")
+
+
 def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path, monkeypatch):
     """`session default dspark`: the dspark run is a copy of the default run's folder (results,
     Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with

