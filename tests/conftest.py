@@ -10,6 +10,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 # vLLM CPU: a small KV cache is plenty for the tiny model and keeps parallel tests cheap.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The two workers' jobs each take every core (--cores 2 on 2 cores): libgomp's threads spin while
+# they wait and steal the other worker's time; sleeping instead took 0.37 of the time with two
+# processes side by side and 0.90 alone (benchmarks/results/omp_wait_policy.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The plans' shared hash cache (draftline.lineage.target_hash_cache) of this test session, not the user's.
 os.environ.setdefault("DRAFTLINE_CACHE_DIR", tempfile.mkdtemp(prefix="draftline-test-cache-"))
 
