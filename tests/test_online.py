@@ -293,47 +293,60 @@ def _wait_gone(pgid: int, timeout: float = 90) -> bool:
 
 
 @pytest.mark.dag
-# SIGKILL: no finally runs in the job; SIGTERM: what Slurm sends a preempted or timed-out job
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, tmp_path, sig):
+def test_online_training_resumes_after_a_kill_and_a_preemption_leaving_no_server(tiny_run, tmp_path):
+    """One run killed twice, once each way a job dies: SIGKILL (out of memory, a node lost: no
+    finally runs in the job), then, in the resumed job, SIGTERM (what Slurm sends a preempted or
+    timed-out job). Each time the server goes with the job and the rerun resumes where training
+    stopped; the last rerun publishes a draft speculators loads and vLLM serves."""
     from speculators.models.eagle3 import Eagle3DraftModel
     from test_resume import assert_locked_then_unlock, kill_when, start
 
     run = copy_run(tiny_run, tmp_path / "run")
-    epochs = 2
+    epochs = 3  # one epoch per job: killed after it, killed after it again, finished
     write_config(run, _online_config(yaml.safe_load((run / "config.yaml").read_text()), epochs))
     # the hidden states are not needed: they and their jobs drop out of the plan
     assert planned_jobs(run, "results/lineage.json") == AFTER_TRAIN
     runs = run / "results/checkpoint/runs"
     old_runs = {p.name for p in runs.iterdir()}
+    train_log = run / "logs/train.log"
 
     def new_epochs() -> list[Path]:
         return sorted((d for r in runs.iterdir() if r.name not in old_runs for d in r.iterdir()
                        if d.name.isdigit() and (d / "training_state.json").exists()), key=lambda d: int(d.name))
 
-    # The signal to snakemake's whole process group mid-training. The server is a session of its
-    # own, so it gets none: after SIGKILL (no finally runs in the job) it goes by
-    # PR_SET_PDEATHSIG, after SIGTERM the job unwinds and stops it.
-    proc = start(run, "--cores", "2", "results/checkpoint/final")
-    kill_when(proc, lambda: len(new_epochs()) >= 1, sig=sig)
-    done = new_epochs()
-    assert 1 <= len(done) < epochs, "the kill must land between the first and the last epoch"
-    (killed,) = _server_pids(run)
-    assert _wait_gone(killed), f"the server's process group {killed} outlived the killed job"
-    if sig == signal.SIGTERM:
-        assert "stopping the hidden-state server" in (run / "logs/train.log").read_text()
+    def start_line() -> str:
+        found = re.findall(r"resuming after epoch \d+ of \d+|resuming in epoch \d+ of \d+ after its step \d+|fresh start",
+                           train_log.read_text())
+        return found[-1]
 
+    # Each signal goes to snakemake's whole process group once an epoch more is saved. The server
+    # is a session of its own, so it gets none: after SIGKILL it goes by PR_SET_PDEATHSIG, after
+    # SIGTERM the job unwinds and stops it.
     rerun = ("--cores", "2", "--rerun-incomplete", "results/checkpoint/final")
-    assert_locked_then_unlock(run, *rerun, sig=sig)
-    snakemake(run, *rerun)
-    log = (run / "logs/train.log").read_text()
-    start_line = re.findall(r"resuming after epoch \d+ of \d+|resuming in epoch \d+ of \d+ after its step \d+|fresh start", log)[-1]
-    if sig == signal.SIGKILL:
-        assert start_line == f"resuming after epoch {len(done)} of {epochs}"
-    else:  # speculators' own SIGTERM handler may save a step checkpoint on the way out
-        assert start_line.startswith(("resuming after epoch", "resuming in epoch")), start_line
+    proc = start(run, "--cores", "2", "results/checkpoint/final")
+    kill_when(proc, lambda: len(new_epochs()) >= 1, sig=signal.SIGKILL)
+    killed = new_epochs()
+    assert 1 <= len(killed) < epochs - 1, "the kill must leave an epoch to preempt the resumed job in, and one to finish"
+    first = _server_pids(run)[-1]
+    assert _wait_gone(first), f"the server's process group {first} outlived the killed job"
+    assert_locked_then_unlock(run, *rerun, sig=signal.SIGKILL)
+
+    proc = start(run, *rerun)
+    kill_when(proc, lambda: len(new_epochs()) > len(killed), sig=signal.SIGTERM)
+    assert start_line() == f"resuming after epoch {len(killed)} of {epochs}"
+    preempted = new_epochs()
+    assert len(killed) < len(preempted) < epochs, "the preemption must land between the resumed and the last epoch"
     second = _server_pids(run)[-1]
-    assert second != killed and not group_alive(second), "the server must stop when training ends"
+    assert second != first and _wait_gone(second), f"the server's process group {second} outlived the preempted job"
+    assert "stopping the hidden-state server" in train_log.read_text()
+    assert_locked_then_unlock(run, *rerun, sig=signal.SIGTERM)
+
+    snakemake(run, *rerun)
+    # speculators' own SIGTERM handler may save a step checkpoint on the way out
+    assert start_line().startswith(("resuming after epoch", "resuming in epoch")), start_line()
+    last = _server_pids(run)[-1]
+    assert last not in (first, second) and not group_alive(last), "the server must stop when training ends"
+    log = train_log.read_text()
     assert "hidden-state server ready at http://127.0.0.1:" in log
 
     final = run / "results/checkpoint/final"
@@ -354,8 +367,6 @@ def test_online_training_survives_a_kill_resumes_and_leaves_no_server(tiny_run, 
     assert not (run_dir / "online_hidden_states").exists()
     assert not list(run_dir.rglob("*.safetensors.lock"))
 
-    if sig == signal.SIGTERM:
-        return  # the draft is the same kind either way: serving it once is enough
     # and vLLM serves it as the target's EAGLE-3 draft (the lossless comparison with plain
     # decoding is test_train's: here the draft only has to load and propose tokens)
     served = speculative_decoding_in_vllm(provenance["verifier"]["local_path"], final, tmp_path, compare_plain=False)

@@ -126,9 +126,11 @@ def assert_locked_then_unlock(workdir: Path, *rerun: str, sig: int = signal.SIGK
 
 
 @pytest.mark.slow
-# SIGTERM: what Slurm sends every process of a preempted or timed-out job before SIGKILL
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path, sig):
+def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_path):
+    """A shard's extraction killed twice, once each way a job dies: SIGKILL, then, in the rerun,
+    SIGTERM (what Slurm sends every process of a preempted or timed-out job before SIGKILL). Each
+    rerun extracts only the rows no earlier job staged, and the shard it publishes is made of the
+    staged files themselves."""
     run = copy_run(tiny_run, tmp_path / "run")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -138,7 +140,7 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
     shard0, shard1 = run / "results/hidden_states/shard_0", run / "results/hidden_states/shard_1"
     shard0_before = (shard0 / "manifest.json").stat().st_mtime_ns
     rows = json.loads((shard1 / "manifest.json").read_text())["num_rows"]
-    assert rows >= 3
+    assert rows >= 5  # 2 rows staged before each kill, and 1 left for the last rerun
 
     # A first run that got as far as shard 0: what follows the shards is not there yet.
     # (Forcing one shard of a finished run instead would leave the view and the checkpoint
@@ -147,19 +149,28 @@ def test_killed_shard_reruns_only_that_shard_keeping_staged_rows(tiny_run, tmp_p
         shutil.rmtree(run / path)
     (run / "results/lineage.json").unlink()
     staging = run / "results/hidden_states/.staging"
-    proc = start(run, "--cores", "1", "results/lineage.json", env=env)
-    kill_when(proc, lambda: len(list(staging.glob("shard_1-*/hs_*.safetensors"))) >= 2, sig=sig)
-    # inode per staged file: the published shard hard-links them, so equal inodes mean kept
-    staged = {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
-    assert 2 <= len(staged) < rows
-    assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
-
     rerun = ("--cores", "1", "--rerun-incomplete", "results/hidden_states/shard_1")
-    assert_locked_then_unlock(run, *rerun, sig=sig)
-    # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
-    assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
-        "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
-    }
+
+    def staged_rows() -> dict[str, int]:
+        # inode per staged file: the published shard hard-links them, so equal inodes mean kept
+        return {p.name: p.stat().st_ino for p in staging.glob("shard_1-*/hs_*.safetensors")}
+
+    def kill_mid_shard(proc: subprocess.Popen, sig: int, before: dict[str, int]) -> dict[str, int]:
+        """`sig` once 2 rows more than `before` are staged; what the killed job leaves behind."""
+        kill_when(proc, lambda: len(staged_rows()) >= len(before) + 2, sig=sig)
+        staged = staged_rows()
+        assert len(before) + 2 <= len(staged) < rows
+        assert {name: staged.get(name) for name in before} == before, "rows an earlier job staged were not kept"
+        assert not shard1.exists() and not (run / "results/hidden_states/all").exists()
+        assert_locked_then_unlock(run, *rerun, sig=sig)
+        # Only the killed shard and what reads the shards; shard 0 and the data before are kept.
+        assert planned_jobs(run, "results/lineage.json", extra=("--rerun-incomplete",)) == {
+            "hidden_states_shard": 1, "hidden_states_view": 1, "report_hidden_states_disk": 1, **AFTER_TRAIN,
+        }
+        return staged
+
+    killed = kill_mid_shard(start(run, "--cores", "1", "results/lineage.json", env=env), signal.SIGKILL, {})
+    staged = kill_mid_shard(start(run, *rerun, env=env), signal.SIGTERM, killed)
     snakemake(run, *rerun)
     manifest = json.loads((shard1 / "manifest.json").read_text())
     assert manifest["reused_rows"] == len(staged)
