@@ -8,8 +8,10 @@ with placeholders and `--touch` (the rerun decision reads only Snakemake's metad
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import time
 
 import pytest
 import yaml
@@ -133,6 +135,24 @@ def test_release_after_training_plans_like_kept_shards(run):
     edit_config(run, train={"lr": 0.002})
     assert planned_jobs(run, TARGET) == {"hidden_states_shard": 2, "hidden_states_view": 1,
                                          "report_hidden_states_disk": 1, **AFTER_TRAIN}
+
+
+def test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation(run):
+    """What a later GPU visit restores (benchmarks/cuda/h200_pipeline.sh resume): the answers, then
+    the trained draft with the small files training read, each newer than what it was made from;
+    neither the tokenized data nor the hidden states. Snakemake plans only the evaluation."""
+    kept = ("prompts", "regenerated", "config", "vocab", "target", "checkpoint", "benchmarks")
+    for path in (run / "results").iterdir():
+        if path.name not in kept:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    now = time.time()
+    for step, names in enumerate((("prompts", "regenerated"), ("config", "vocab", "target", "benchmarks"),
+                                  ("checkpoint",))):
+        for name in names:
+            for f in (run / "results" / name).rglob("*"):
+                os.utime(f, (now + step, now + step), follow_symlinks=False)
+    assert planned_jobs(run, "results/eval/acceptance.json") == {
+        "evaluate_baseline": 1, "evaluate_set": 2, "evaluate": 1}
 
 
 def test_disk_limit_in_the_plan_names_what_fits(run):
