@@ -109,7 +109,7 @@ start_run() {
   # this checkout as it is now (no results, no bundle, no environment); what a run made stays
   (cd "$REPO" && tar cf - --exclude=./.gpu-bundle --exclude=./results --exclude=./.snakemake --exclude=./logs \
     --exclude=./runs --exclude=./.whl --exclude=./.venv --exclude=./resources/target .) | tar xf - -C "$dir/repo"
-  if compgen -G "$dir/resume/*-regenerated.tgz.*" > /dev/null && [[ ! -d $dir/repo/results ]]; then
+  if compgen -G "$dir/resume/answers/*" > /dev/null && [[ ! -d $dir/repo/results ]]; then
     # a fresh machine rebuilds the target; the answers of an earlier visit go in after it, then its
     # trained draft with the small files training read (not the tokenized data nor the hidden states:
     # Snakemake reruns no job for an input that is missing where what it feeds is up to date), each
@@ -117,10 +117,10 @@ start_run() {
     # plans nothing before tokenization, or, with the draft, nothing before the evaluation
     local conf; mapfile -t conf < <(config_args "$run")
     (cd "$dir/repo" && ./draftline snakemake resources/target/SmolLM2-135M-Instruct --cores all "${conf[@]}" \
-      && restore "$dir"/resume/*-regenerated.tgz.* \
-      && if compgen -G "$dir/resume/*-draft.tgz.*" > /dev/null; then
-           sleep 1 && restore "$dir"/resume/*-draft.tgz.* && sleep 1 && find results/checkpoint/final -type f -exec touch {} +
-         fi) >> "$dir/run.log" 2>&1 && echo "$run: resumed from $(ls "$dir/resume" | tr '\n' ' ')" \
+      && restore "$dir"/resume/answers/* \
+      && if compgen -G "$dir/resume/draft/*" > /dev/null; then
+           sleep 1 && restore "$dir"/resume/draft/* && sleep 1 && find results/checkpoint/final -type f -exec touch {} +
+         fi) >> "$dir/run.log" 2>&1 && echo "$run: resumed from $(cd "$dir/resume" && ls -- */* | tr '\n' ' ')" \
       || { echo "$run: resume failed (run.log)"; return 2; }
   fi
   case $run in
@@ -255,7 +255,11 @@ case "${1:-}" in
     # and its trained draft (`draft`'s RUN-draft.tgz.NN parts; over several calls, the parts of each call),
     # restored when the run starts (start_run: after the target is built, so they are newer than it)
     run=$2; shift 2
-    mkdir -p "$W/$run/resume" && cp "$@" "$W/$run/resume/" && echo "$run: kept for its start: $(ls "$W/$run/resume" | tr '\n' ' ')" ;;
+    mkdir -p "$W/$run/resume/answers" "$W/$run/resume/draft"
+    for part in "$@"; do
+      case $(basename "$part") in *-draft.tgz.*) cp "$part" "$W/$run/resume/draft/" ;; *) cp "$part" "$W/$run/resume/answers/" ;; esac
+    done
+    echo "$run: kept for its start: $(cd "$W/$run/resume" && ls -- */* | tr '\n' ' ')" ;;
   draft)  # RUN [FIRST]: parts FIRST.. FIRST+3 of RUN's trained draft (made by `wait`) into $OUT
     run=$2; first=${3:-0}; out=${OUT:-/tmp/out}; mkdir -p "$out"
     mapfile -t parts < <(ls "$W/$run/draft/" 2>/dev/null)
