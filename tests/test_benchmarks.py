@@ -240,9 +240,11 @@ def test_the_h200_session_queue_resumes_what_failed(tmp_path):
         assert [x.split()[-1] for x in lines["preflight"] if x.startswith("end")] == ["3", "0"][:attempt]
         assert len(lines["default"]) == 2  # started once: it ended with rc 0
     assert "phase rates" in (tmp_path / "w" / "session.log").read_text()
-    # default: the trained draft's sets first (a session cut short keeps them), then the whole DAG
+    # default: the trained draft's sets first (a session cut short keeps them) with the disk plot (the
+    # shards' other reader, before hidden_states.release_after_training deletes them), then the whole DAG
     first, whole = [x.split(" lock ")[0] for x in (tmp_path / "w" / "default" / "run.log").read_text().splitlines()]
-    assert first.startswith("draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
+    assert first.startswith("draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json "
+                            "results/report/hidden_states_disk.png --cores")
     assert first.endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
     assert whole.endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
     assert "snakemake preflight --cores all" in lines["preflight"][0]

@@ -138,21 +138,28 @@ def test_release_after_training_plans_like_kept_shards(run):
 
 
 def test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation(run):
-    """What a later GPU visit restores (benchmarks/cuda/h200_pipeline.sh resume): the answers, then
-    the trained draft with the small files training read, each newer than what it was made from;
-    neither the tokenized data nor the hidden states. Snakemake plans only the evaluation."""
-    kept = ("prompts", "regenerated", "config", "vocab", "target", "checkpoint", "benchmarks")
-    for path in (run / "results").iterdir():
-        if path.name not in kept:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    """What a later GPU visit restores (benchmarks/cuda/h200_pipeline.sh resume) of a run with
+    hidden_states.release_after_training: the answers, then the trained draft with the small files
+    training and the reports read and the disk plot made before the shards were deleted, each newer
+    than what it was made from; neither the tokenized rows nor the hidden states. Snakemake plans the
+    evaluation, the other reports and the lineage: nothing is tokenized, extracted or trained again."""
+    edit_config(run, hidden_states={"release_after_training": True})
+    results = run / "results"
+    for path in (results / "eval", results / "lineage.json", results / "tokenized/dataset",
+                 *(p for p in (results / "hidden_states").iterdir() if p.name != "disk_estimate.json"),
+                 *(p for p in (results / "report").iterdir() if p.name != "hidden_states_disk.png")):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     now = time.time()
-    for step, names in enumerate((("prompts", "regenerated"), ("config", "vocab", "target", "benchmarks"),
+    for step, names in enumerate((("prompts", "regenerated"), ("config", "vocab", "target", "tokenized",
+                                                               "hidden_states", "report", "benchmarks"),
                                   ("checkpoint",))):
         for name in names:
-            for f in (run / "results" / name).rglob("*"):
+            for f in (results / name).rglob("*"):
                 os.utime(f, (now + step, now + step), follow_symlinks=False)
-    assert planned_jobs(run, "results/eval/acceptance.json") == {
-        "evaluate_baseline": 1, "evaluate_set": 2, "evaluate": 1}
+    evaluation = {"evaluate_baseline": 1, "evaluate_set": 2, "evaluate": 1}
+    assert planned_jobs(run, "results/eval/acceptance.json") == evaluation
+    reports = ("report_vocab_coverage", "report_loss", "report_acceptance", "report_wall_times", "lineage")
+    assert planned_jobs(run, TARGET) == {**evaluation, **dict.fromkeys(reports, 1)}
 
 
 def test_disk_limit_in_the_plan_names_what_fits(run):

@@ -68,7 +68,10 @@ run_command() {  # the command of run $1 (in its copy), one word per line
   # the baseline was the only GPU job ready when extraction ended and held the GPU 286 s before training.
   # (targets before the options: --resources takes every word after it)
   # H200_SETS: which of them (e.g. "test" alone, where a session is short of device time)
+  # and the disk plot, the shards' other reader: with hidden_states.release_after_training, Snakemake deletes
+  # the shards once no job of this call needs them, and a later call would extract and train again for it
   local sets set_files=() s; for s in ${H200_SETS:-test validation}; do set_files+=("results/eval/sets/$s.json"); done
+  set_files+=(results/report/hidden_states_disk.png)
   sets=$(printf '%q ' "${smk[@]:0:2}" "${set_files[@]}" "${smk[@]:2}" --resources gpu=1)
   case $run in
     default|dspark|sharegpt) printf '%s\n' bash -c "$sets&& $(printf '%q ' "${smk[@]}" --resources gpu=1)" ;;
@@ -204,8 +207,10 @@ pack() {
     # the trained draft and the small files training read, with their logs and Snakemake's records, in
     # parts kept here (too many for one call's $OUT): `draft RUN` brings them back, `resume` takes them
     if [[ -d $dir/repo/results/checkpoint/final && ! $dir/draft.stamp -nt $dir/repo/results/checkpoint/final ]]; then
-      rm -rf "$dir/draft" && mkdir -p "$dir/draft" && (cd "$dir/repo" && tar czf - --exclude=.staging results/checkpoint/final \
-        results/config results/vocab results/target results/benchmarks logs .snakemake/metadata 2>/dev/null \
+      # (the tokenized rows and the hidden states stay: tests/test_reruns.py::test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation)
+      rm -rf "$dir/draft" && mkdir -p "$dir/draft" && (cd "$dir/repo" && tar czf - --exclude=.staging \
+        --exclude=results/tokenized/dataset results/checkpoint/final results/config results/vocab results/target \
+        results/tokenized results/hidden_states/disk_estimate.json results/report results/benchmarks logs .snakemake/metadata 2>/dev/null \
         | split -b 15M -d - "$dir/draft/$run-draft.tgz.") && touch "$dir/draft.stamp"
       echo "$run: its trained draft in $(ls "$dir/draft" | wc -l) parts: \`draft $run 0\` brings 4 a call"
     fi
