@@ -286,7 +286,7 @@ def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(
             "results/checkpoint/final logs; echo p > results/prompts/test.jsonl;"
             "echo a > results/regenerated/conversations.jsonl; echo h > results/regenerated/conversations.sha256;"
             "echo c > results/config/config.json; echo v > results/vocab/d2t.npy; echo l > results/target/layer_ids.json;"
-            "head -c 17000000 /dev/urandom > results/checkpoint/final/model.safetensors; echo t > logs/train.log")
+            "head -c 15800000 /dev/urandom > results/checkpoint/final/model.safetensors; echo t > logs/train.log")
     call = _h200_queue(tmp_path, ("default",),
                        f'if [[ $1 == snakemake && $2 == resources/target/* ]]; then mkdir -p resources/target; '
                        f'touch resources/target/built; elif [[ -f results/checkpoint/final/model.safetensors ]]; then '
@@ -298,7 +298,7 @@ def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(
     assert answers
     assert "draft" in call("draft", "default", "0").stdout
     parts = sorted(out.glob("default-draft.tgz.*"))
-    assert len(parts) == 2  # 17 MB of weights: parts of 15 MB
+    assert len(parts) == 2  # 15.8 MB of weights: parts of 15 MiB
     # a fresh machine: nothing of the first visit but the parts it brought back
     keep = tmp_path / "brought"
     keep.mkdir()
@@ -313,7 +313,7 @@ def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(
     assert call("wait", "60").returncode == 0
     repo = tmp_path / "w" / "default" / "repo"
     weights = repo / "results/checkpoint/final/model.safetensors"
-    assert weights.stat().st_size == 17000000
+    assert weights.stat().st_size == 15800000
     assert "model.safetensors" in (repo / "found.txt").read_text()  # the run found the draft, did not train
     order = [repo / "resources/target/built", repo / "results/regenerated/conversations.jsonl",
              repo / "results/config/config.json", weights]
