@@ -319,6 +319,8 @@ def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(
              repo / "results/config/config.json", weights]
     times = [f.stat().st_mtime for f in order]
     assert times == sorted(times) and len(set(times)) == len(times), list(zip(order, times))
+    # one time for all of a step's files: none older than another it was made from
+    assert (repo / "results/vocab/d2t.npy").stat().st_mtime == times[2]
 
 
 def test_an_h200_draft_type_run_starts_from_the_finished_default_run(tmp_path, monkeypatch):
