@@ -379,7 +379,8 @@ def test_a_draft_type_session_starts_from_default_runs_trained_sets_alone(tmp_pa
     assert call("wait", "60").returncode == 0
     sets_only = (tmp_path / "w" / "default-sets" / "run.log").read_text().splitlines()
     assert len(sets_only) == 1 and sets_only[0].startswith(
-        "draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json --cores")
+        "draftline snakemake results/eval/sets/test.json results/eval/sets/validation.json "
+        "results/report/hidden_states_disk.png --cores")
     assert sets_only[0].endswith("--configfile benchmarks/cuda/h200_configs/default.yaml --resources gpu=1")
     work = tmp_path / "w" / "dspark"
     assert (work / "status").read_text().splitlines()[-1].endswith("rc 0")
@@ -400,10 +401,12 @@ def test_a_short_session_measures_dspark_first_and_the_test_set_alone_where_it_s
     assert call("wait", "60").returncode == 0
     work = tmp_path / "w"
     dspark = (work / "dspark-sets" / "run.log").read_text().splitlines()
-    assert dspark == [line for line in dspark if line.startswith("draftline snakemake results/eval/sets/test.json --cores")]
+    assert dspark == [line for line in dspark if line.startswith(
+        "draftline snakemake results/eval/sets/test.json results/report/hidden_states_disk.png --cores")]
     assert len(dspark) == 1 and "h200_configs/dspark.yaml" in dspark[0]
     eagle3 = (work / "default-sets" / "run.log").read_text().splitlines()
-    assert len(eagle3) == 1 and eagle3[0].startswith("draftline snakemake results/eval/sets/test.json --cores")
+    assert len(eagle3) == 1 and eagle3[0].startswith(
+        "draftline snakemake results/eval/sets/test.json results/report/hidden_states_disk.png --cores")
     assert "h200_configs/default.yaml" in eagle3[0]
     assert (work / "default-sets" / "repo" / "results" / "made_by").read_text() == "dspark\n"  # dspark-sets' results, copied
 
