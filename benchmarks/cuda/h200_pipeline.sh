@@ -146,7 +146,8 @@ start_run() {
 restore() {  # PART...: one tarball's parts (in order) unpacked here, its files under results/ given one time
   # (one for all: touched one after the other in the tarball's order, a file could end up older than its input)
   local now; now=$(date +%s.%N)
-  cat "$@" | tar xzf - && cat "$@" | tar tzf - | grep -v '/$' | grep '^results' | xargs -r touch -d "@$now"
+  cat "$@" | tar xzvf - | grep -v '/$' | grep '^results' | xargs -r touch -d "@$now"
+  (( ${PIPESTATUS[1]} == 0 ))  # tar's own status: a broken part fails the resume
 }
 
 draft_run_from() {  # RUN FROM...: the first run of FROM on this machine, copied once: Snakemake then reruns only the draft's jobs
