@@ -668,6 +668,12 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
         "2026-12-05 06:00:34,634 draftline.stages.evaluate.measure test, untrained draft: ...\n")
     (run / "repo" / "logs" / "vocab.log").write_text("2026-12-05 05:50:00,000 draftline.stages.vocab done\n")
     (run / "repo" / "results" / "benchmarks" / "evaluate_baseline.tsv").write_text("s\th:m:s\n620.27\t0:10:20\n")
+    # the published draft's validation metrics as speculators' Trainer writes them: per position, in its order
+    (run / "repo" / "results" / "checkpoint" / "final").mkdir(parents=True)
+    (run / "repo" / "results" / "checkpoint" / "final" / "val_metrics.json").write_text(json.dumps(
+        {"loss_0_epoch": 0.42, "full_acc_0_epoch": 0.85, "cond_acc_0_epoch": 0.85, "loss_10_epoch": 0.9,
+         "full_acc_10_epoch": 0.05, "cond_acc_10_epoch": 0.5, "loss_1_epoch": 0.48, "full_acc_1_epoch": 0.75,
+         "cond_acc_1_epoch": 0.88, "loss_epoch": 1.8}))
     # the CUDA run's per-prompt rows: the CPU record's with one more accepted token on the first prompt
     rows = [list(r) for r in cpu["per_prompt"]["rows"]]
     rows[0][3] += 1
@@ -694,6 +700,8 @@ def test_an_h200_session_record_says_when_each_job_had_the_gpu_and_pairs_accepta
     page = out.with_suffix(".md").read_text()
     assert "steps done (each Snakemake call): 16 of 16, then 3 of 10;" in page
     assert "| test/untrained | " in page and "| evaluate/untrained_draft | 2026-12-05 05:51:22 | 2026-12-05 05:57:48 |" in page
+    assert [r["position"] for r in record["draft_validation"]] == [0, 1, 10]  # by number, not as text
+    assert "| 2 | 0.4800 | 0.7500 | 0.8800 |" in page and "1 + the sum of the full accuracies: 2.650 tokens a step" in page
 
 
 # ---------------------------------------------------------------- tensor parallel states (issue 38)

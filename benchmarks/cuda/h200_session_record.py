@@ -128,6 +128,20 @@ def provenance(repo: Path) -> dict:
     return {"versions": {k: sorted(v) for k, v in sorted(versions.items())}, "workflow_commits": sorted(commits)}
 
 
+def draft_validation(repo: Path) -> list[dict]:
+    """The published draft's validation metrics as speculators' Trainer wrote them
+    (results/checkpoint/final/val_metrics.json): per draft position, its loss, the share of positions
+    whose drafts up to it were all the target's token (full) and the share right where the ones
+    before were (conditional), on the held-out training rows as training unrolls the draft."""
+    path = repo / "results" / "checkpoint" / "final" / "val_metrics.json"
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    positions = sorted(int(m[1]) for key in data if (m := re.fullmatch(r"full_acc_(\d+)_epoch", key)))
+    return [{"position": k, "loss": data.get(f"loss_{k}_epoch"), "full_acc": data[f"full_acc_{k}_epoch"],
+             "cond_acc": data.get(f"cond_acc_{k}_epoch")} for k in positions]
+
+
 def run_facts(folder: Path, cpu_record: Path | None) -> dict:
     repo = folder / "repo"
     status = (folder / "status").read_text().splitlines() if (folder / "status").is_file() else []
@@ -140,6 +154,7 @@ def run_facts(folder: Path, cpu_record: Path | None) -> dict:
         "gpu_jobs": gpu_jobs(repo),
         "stage_lines": stage_lines(repo),
         "acceptance": acceptance_files(repo, cpu_record),
+        "draft_validation": draft_validation(repo),
         **provenance(repo),
     }
     report = repo / "results" / "preflight" / "report.json"
@@ -190,6 +205,16 @@ def markdown(record: dict) -> str:
                 lines.append(f"| {key} | {a['prompts']} | {a['mean_acceptance_length']:.4f} | {interval(a['bootstrap_95'])} | "
                              f"{counts} | {paired} |")
             lines.append("")
+        if facts.get("draft_validation"):
+            rows = facts["draft_validation"]
+            lines += ["The published draft's validation metrics (speculators' Trainer, results/checkpoint/final/val_metrics.json; "
+                      "on the held-out training rows as training unrolls the draft, not vLLM's acceptance):", "",
+                      "| draft position | loss | full accuracy (drafts up to it all right) | conditional accuracy |",
+                      "|---|---|---|---|"]
+            lines += [f"| {r['position'] + 1} | {r['loss']:.4f} | {r['full_acc']:.4f} | {r['cond_acc']:.4f} |" for r in rows]
+            lines += ["", f"1 + the sum of the full accuracies: {1 + sum(r['full_acc'] for r in rows):.3f} tokens a step, "
+                      "what a greedy verifier would accept if vLLM drafted as training does "
+                      "(an estimate, not a measurement of acceptance).", ""]
         if facts.get("versions"):
             lines += ["Versions (the jobs' provenance files): " + ", ".join(f"{k} {'/'.join(v)}" for k, v in facts["versions"].items())
                       + "; workflow commit as the jobs saw it: " + (", ".join(facts["workflow_commits"]) or "none") + ".", ""]
