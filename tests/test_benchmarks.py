@@ -311,7 +311,9 @@ def test_an_h200_visit_resumes_from_an_earlier_visits_answers_and_trained_draft(
         assert call("resume", "default", str(part)).returncode == 0
     started = call("start", "default")
     assert "default: resumed from" in started.stdout, started.stdout
+    shutil.rmtree(out)
     assert call("wait", "60").returncode == 0
+    assert not list(out.glob("default-regenerated.tgz.*"))  # the answers it was resumed from are not sent back
     repo = tmp_path / "w" / "default" / "repo"
     weights = repo / "results/checkpoint/final/model.safetensors"
     assert weights.stat().st_size == 15800000

@@ -120,7 +120,7 @@ start_run() {
     # plans nothing before tokenization, or, with the draft, nothing before the evaluation
     local conf; mapfile -t conf < <(config_args "$run")
     (cd "$dir/repo" && ./draftline snakemake resources/target/SmolLM2-135M-Instruct --cores all "${conf[@]}" \
-      && restore "$dir"/resume/answers/* \
+      && restore "$dir"/resume/answers/* && touch "$dir/answers.stamp" \
       && if compgen -G "$dir/resume/draft/*" > /dev/null; then
            sleep 1 && restore "$dir"/resume/draft/* && sleep 1 && find results/checkpoint/final -type f -exec touch {} +
          fi) >> "$dir/run.log" 2>&1 && echo "$run: resumed from $(cd "$dir/resume" && ls -- */* | tr '\n' ' ')" \
@@ -204,9 +204,13 @@ pack() {
     [[ -d $dir/out ]] && cp "$dir"/out/results.{json,md} "$out/$run/" 2>/dev/null
     # the regenerated answers (the first GPU stage's work) and Snakemake's record of them, for a later
     # visit to start from (`resume RUN FILE`)
-    # (in parts of 15 MB: a file that comes back from the host is at most 16 MiB; `cat` joins them)
-    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] && (cd "$dir/repo" && tar czf - --exclude=.staging \
-      results/prompts results/regenerated .snakemake/metadata 2>/dev/null | split -b 15M -d - "$out/$run-regenerated.tgz.")
+    # (in parts of 15 MB: a file that comes back from the host is at most 16 MiB; `cat` joins them); not
+    # the answers this run was resumed from (answers.stamp): they are already here, and $OUT's room
+    # (8 files a call) is then free for the trained draft's parts
+    [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] \
+      && [[ ! -f $dir/answers.stamp || $dir/repo/results/regenerated/conversations.sha256 -nt $dir/answers.stamp ]] \
+      && (cd "$dir/repo" && tar czf - --exclude=.staging results/prompts results/regenerated .snakemake/metadata 2>/dev/null \
+            | split -b 15M -d - "$out/$run-regenerated.tgz.")
     # the trained draft and the small files training read, with their logs and Snakemake's records, in
     # parts kept here (too many for one call's $OUT): `draft RUN` brings them back, `resume` takes them
     if [[ -d $dir/repo/results/checkpoint/final && ! $dir/draft.stamp -nt $dir/repo/results/checkpoint/final ]]; then
