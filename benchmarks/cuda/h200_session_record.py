@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from draftline.artifacts.acceptance import paired_difference, read  # noqa: E402
+from draftline.artifacts.checkpoint import validation_per_position  # noqa: E402
 
 SLOT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices local GPU slot")
 WAIT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices waiting for")
@@ -128,20 +129,6 @@ def provenance(repo: Path) -> dict:
     return {"versions": {k: sorted(v) for k, v in sorted(versions.items())}, "workflow_commits": sorted(commits)}
 
 
-def draft_validation(repo: Path) -> list[dict]:
-    """The published draft's validation metrics as speculators' Trainer wrote them
-    (results/checkpoint/final/val_metrics.json): per draft position, its loss, the share of positions
-    whose drafts up to it were all the target's token (full) and the share right where the ones
-    before were (conditional), on the held-out training rows as training unrolls the draft."""
-    path = repo / "results" / "checkpoint" / "final" / "val_metrics.json"
-    if not path.is_file():
-        return []
-    data = json.loads(path.read_text())
-    positions = sorted(int(m[1]) for key in data if (m := re.fullmatch(r"full_acc_(\d+)_epoch", key)))
-    return [{"position": k, "loss": data.get(f"loss_{k}_epoch"), "full_acc": data[f"full_acc_{k}_epoch"],
-             "cond_acc": data.get(f"cond_acc_{k}_epoch")} for k in positions]
-
-
 def run_facts(folder: Path, cpu_record: Path | None) -> dict:
     repo = folder / "repo"
     status = (folder / "status").read_text().splitlines() if (folder / "status").is_file() else []
@@ -154,7 +141,7 @@ def run_facts(folder: Path, cpu_record: Path | None) -> dict:
         "gpu_jobs": gpu_jobs(repo),
         "stage_lines": stage_lines(repo),
         "acceptance": acceptance_files(repo, cpu_record),
-        "draft_validation": draft_validation(repo),
+        "draft_validation": validation_per_position(repo / "results" / "checkpoint" / "final"),
         **provenance(repo),
     }
     report = repo / "results" / "preflight" / "report.json"
