@@ -137,24 +137,39 @@ def test_release_after_training_plans_like_kept_shards(run):
                                          "report_hidden_states_disk": 1, **AFTER_TRAIN}
 
 
+def host_packs(name: str) -> list[str]:
+    """One of benchmarks/cuda/h200_pipeline.sh's lists of what a GPU visit packs for a later one."""
+    script = (REPO / "benchmarks" / "cuda" / "h200_pipeline.sh").read_text()
+    return re.search(rf"^{name}=\((.*)\)$", script, re.M)[1].split()
+
+
+def under(path: str, folders: list[str]) -> bool:
+    return any(path == f or path.startswith(f + "/") for f in folders)
+
+
 def test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation(run):
     """What a later GPU visit restores (benchmarks/cuda/h200_pipeline.sh resume) of a run with
-    hidden_states.release_after_training: the answers, then the trained draft with the small files
-    training and the reports read and the disk plot made before the shards were deleted, each newer
-    than what it was made from; neither the tokenized rows nor the hidden states. Snakemake plans the
+    hidden_states.release_after_training: what the host's script packs (its lists), the answers,
+    then the trained draft with the small files training and the reports read and the disk plot made
+    before the shards were deleted, each newer than what it was made from; neither the tokenized
+    rows nor the hidden states. Snakemake plans the
     evaluation, the other reports and the lineage: nothing is tokenized, extracted or trained again."""
     edit_config(run, hidden_states={"release_after_training": True})
     results = run / "results"
-    for path in (results / "eval", results / "lineage.json", results / "tokenized/dataset",
-                 *(p for p in (results / "hidden_states").iterdir() if p.name != "disk_estimate.json"),
-                 *(p for p in (results / "report").iterdir() if p.name != "hidden_states_disk.png")):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    answers, draft, left_out = (host_packs(name) for name in ("ANSWERS_PACKED", "DRAFT_PACKED", "DRAFT_LEFT_OUT"))
+    for f in sorted(results.rglob("*"), reverse=True):  # a folder's files before the folder
+        rel = f"results/{f.relative_to(results)}"
+        # when training ended on the host, results/report held the disk plot alone
+        early_report = rel.startswith("results/report/") and f.name != "hidden_states_disk.png"
+        if f.is_file() and (not under(rel, answers + draft) or under(rel, left_out) or early_report):
+            f.unlink()
+        elif f.is_dir() and not any(f.iterdir()):
+            f.rmdir()
     now = time.time()
-    for step, names in enumerate((("prompts", "regenerated"), ("config", "vocab", "target", "tokenized",
-                                                               "hidden_states", "report", "benchmarks"),
-                                  ("checkpoint",))):
-        for name in names:
-            for f in (results / name).rglob("*"):
+    final = ["results/checkpoint/final"]
+    for step, paths in enumerate((answers, [p for p in draft if p not in final], final)):
+        for f in results.rglob("*"):
+            if under(f"results/{f.relative_to(results)}", paths):
                 os.utime(f, (now + step, now + step), follow_symlinks=False)
     evaluation = {"evaluate_baseline": 1, "evaluate_set": 2, "evaluate": 1}
     assert planned_jobs(run, "results/eval/acceptance.json") == evaluation

@@ -45,6 +45,13 @@ RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_en
 # 0.939, h100_8b_vllm_rates_256rows)
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 256 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default" "rates")
+# what `wait` packs for a later visit (tests/test_reruns.py reads these two lines): the regenerated
+# answers, and the trained draft with the small files training read (not the tokenized rows, which
+# DRAFT_LEFT_OUT names, nor the hidden states: Snakemake reruns no job for a missing input where what
+# it feeds is up to date)
+ANSWERS_PACKED=(results/prompts results/regenerated .snakemake/metadata)
+DRAFT_PACKED=(results/checkpoint/final results/config results/vocab results/target results/tokenized results/hidden_states/disk_estimate.json results/report results/benchmarks logs .snakemake/metadata)
+DRAFT_LEFT_OUT=(results/tokenized/dataset)
 
 config_args() {  # the config files of run $1 as one --configfile option, one word per line: a preset of its
   # name, then the host's overlay (one option: Snakemake keeps only the last of several --configfile
@@ -209,15 +216,13 @@ pack() {
     # (8 files a call) is then free for the trained draft's parts
     [[ -f $dir/repo/results/regenerated/conversations.sha256 ]] \
       && [[ ! -f $dir/answers.stamp || $dir/repo/results/regenerated/conversations.sha256 -nt $dir/answers.stamp ]] \
-      && (cd "$dir/repo" && tar czf - --exclude=.staging results/prompts results/regenerated .snakemake/metadata 2>/dev/null \
+      && (cd "$dir/repo" && tar czf - --exclude=.staging "${ANSWERS_PACKED[@]}" 2>/dev/null \
             | split -b 15M -d - "$out/$run-regenerated.tgz.")
     # the trained draft and the small files training read, with their logs and Snakemake's records, in
     # parts kept here (too many for one call's $OUT): `draft RUN` brings them back, `resume` takes them
     if [[ -d $dir/repo/results/checkpoint/final && ! $dir/draft.stamp -nt $dir/repo/results/checkpoint/final ]]; then
-      # (the tokenized rows and the hidden states stay: tests/test_reruns.py::test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation)
       rm -rf "$dir/draft" && mkdir -p "$dir/draft" && (cd "$dir/repo" && tar czf - --exclude=.staging \
-        --exclude=results/tokenized/dataset results/checkpoint/final results/config results/vocab results/target \
-        results/tokenized results/hidden_states/disk_estimate.json results/report results/benchmarks logs .snakemake/metadata 2>/dev/null \
+        "${DRAFT_LEFT_OUT[@]/#/--exclude=}" "${DRAFT_PACKED[@]}" 2>/dev/null \
         | split -b 15M -d - "$dir/draft/$run-draft.tgz.") && touch "$dir/draft.stamp"
       echo "$run: its trained draft in $(ls "$dir/draft" | wc -l) parts: \`draft $run 0\` brings 4 a call"
     fi
