@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from draftline.artifacts.checkpoint import validation_per_position  # noqa: E402
+from draftline.artifacts.checkpoint import tokens_per_step_estimate, validation_per_position  # noqa: E402
 from draftline.lineage.versions import package_versions  # noqa: E402
 from draftline.runtime.atomic import atomic_file  # noqa: E402
 
@@ -388,11 +388,12 @@ def main() -> None:
         + "."
     )
     if record["validation_per_position"]:
-        full = [r["full_acc"] for r in record["validation_per_position"]]
+        positions = record["validation_per_position"]
+        full = [r["full_acc"] for r in positions]
         note += (f"\n\nTraining's validation accuracy per draft position (drafts up to it all the target's token; "
                  f"results/checkpoint/final/val_metrics.json): {' / '.join(f'{x:.3f}' for x in full)}; 1 + their sum, "
-                 f"{1 + sum(full):.3f} tokens a step, is what a greedy verifier would accept if vLLM drafted as training "
-                 "does (an estimate; the table's acceptance is vLLM's own).")
+                 f"{tokens_per_step_estimate(positions):.3f} tokens a step, is what a greedy verifier would accept "
+                 "if vLLM drafted as training does (an estimate; the table's acceptance is vLLM's own).")
     write_record(Path(args.out).with_suffix(""), record, table(acceptance) + "\n\n" + note + "\n")
     print(table(acceptance) + "\n\n" + note)
 

@@ -152,8 +152,8 @@ def test_a_trained_draft_restored_with_its_answers_plans_only_the_evaluation(run
     hidden_states.release_after_training: what the host's script packs (its lists), the answers,
     then the trained draft with the small files training and the reports read and the disk plot made
     before the shards were deleted, each newer than what it was made from; neither the tokenized
-    rows nor the hidden states. Snakemake plans the
-    evaluation, the other reports and the lineage: nothing is tokenized, extracted or trained again."""
+    rows nor the hidden states. Snakemake plans the evaluation, the other reports and the lineage:
+    nothing is tokenized, extracted or trained again."""
     edit_config(run, hidden_states={"release_after_training": True})
     results = run / "results"
     answers, draft, left_out = (host_packs(name) for name in ("ANSWERS_PACKED", "DRAFT_PACKED", "DRAFT_LEFT_OUT"))

@@ -45,7 +45,7 @@ RATE_STAGES=matmul,target,data,regeneration,matmul_mid,extraction_vllm,matmul_en
 # 0.939, h100_8b_vllm_rates_256rows)
 RATES_ARGS=${RATES_ARGS:---size 8b --rows 256 --seq-len 2048 --rounds 3 --regen-rounds 2}
 DEFAULT_PHASES=("default" "rates")
-# what `wait` packs for a later visit (tests/test_reruns.py reads these two lines): the regenerated
+# what `wait` packs for a later visit (tests/test_reruns.py reads these three lines): the regenerated
 # answers, and the trained draft with the small files training read (not the tokenized rows, which
 # DRAFT_LEFT_OUT names, nor the hidden states: Snakemake reruns no job for a missing input where what
 # it feeds is up to date)

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from draftline.artifacts.acceptance import paired_difference, read  # noqa: E402
-from draftline.artifacts.checkpoint import validation_per_position  # noqa: E402
+from draftline.artifacts.checkpoint import tokens_per_step_estimate, validation_per_position  # noqa: E402
 
 SLOT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices local GPU slot")
 WAIT = re.compile(r"^(\S+ \S+),\d+ draftline\.runtime\.devices waiting for")
@@ -199,7 +199,7 @@ def markdown(record: dict) -> str:
                       "| draft position | loss | full accuracy (drafts up to it all right) | conditional accuracy |",
                       "|---|---|---|---|"]
             lines += [f"| {r['position'] + 1} | {r['loss']:.4f} | {r['full_acc']:.4f} | {r['cond_acc']:.4f} |" for r in rows]
-            lines += ["", f"1 + the sum of the full accuracies: {1 + sum(r['full_acc'] for r in rows):.3f} tokens a step, "
+            lines += ["", f"1 + the sum of the full accuracies: {tokens_per_step_estimate(rows):.3f} tokens a step, "
                       "what a greedy verifier would accept if vLLM drafted as training does "
                       "(an estimate, not a measurement of acceptance).", ""]
         if facts.get("versions"):

@@ -31,3 +31,9 @@ def validation_per_position(final: Path) -> list[dict]:
     positions = sorted(int(m[1]) for key in data if (m := re.fullmatch(r"full_acc_(\d+)_epoch", key)))
     return [{"position": k, "loss": data.get(f"loss_{k}_epoch"), "full_acc": data[f"full_acc_{k}_epoch"],
              "cond_acc": data.get(f"cond_acc_{k}_epoch")} for k in positions]
+
+
+def tokens_per_step_estimate(positions: list[dict]) -> float:
+    """1 + the sum of `validation_per_position`'s full accuracies: the tokens a step a greedy verifier
+    would accept if vLLM drafted as training does (an estimate, not vLLM's acceptance)."""
+    return 1 + sum(p["full_acc"] for p in positions)
